@@ -1,0 +1,68 @@
+"""Letterbox exactly as Ultralytics' ``LetterBox`` (rect=False): min-ratio scale, centred, pad 114.
+
+Matching it to the pixel is what lets framebatch reproduce ``YOLO.predict(..., rect=False)``.
+The decode workers run it (so only model-sized pixels travel through Redis) and the
+reference path of the detector runs the very same code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+PAD_VALUE = 114
+
+
+@dataclass(frozen=True)
+class LetterboxGeometry:
+    """How an original frame maps into the model input; enough to map boxes back."""
+
+    width: int  # original frame size
+    height: int
+    scale: float  # input pixels per original pixel
+    pad_x: int  # padding added on the left / top, in input pixels
+    pad_y: int
+
+
+@dataclass(frozen=True)
+class Letterboxed:
+    """A letterboxed HxWx3 uint8 image and its geometry."""
+
+    pixels: np.ndarray
+    geometry: LetterboxGeometry
+
+
+@dataclass(frozen=True)
+class Letterbox:
+    """Resize with unchanged aspect ratio and pad to ``height x width`` (picklable, stateless)."""
+
+    width: int = 640
+    height: int = 640
+
+    def geometry(self, frame_width: int, frame_height: int) -> tuple[LetterboxGeometry, int, int]:
+        """The geometry for a frame size, plus the resized (unpadded) width and height."""
+        scale = min(self.height / frame_height, self.width / frame_width)
+        resized_w, resized_h = int(round(frame_width * scale)), int(round(frame_height * scale))
+        half_dw = (self.width - resized_w) / 2
+        half_dh = (self.height - resized_h) / 2
+        # Ultralytics rounds (d - 0.1) for the left/top side so odd padding goes right/bottom.
+        pad_x, pad_y = int(round(half_dw - 0.1)), int(round(half_dh - 0.1))
+        return (
+            LetterboxGeometry(frame_width, frame_height, scale, pad_x, pad_y),
+            resized_w,
+            resized_h,
+        )
+
+    def __call__(self, image: np.ndarray) -> Letterboxed:
+        """Letterbox one HxWx3 uint8 image (any channel order; it is kept)."""
+        frame_h, frame_w = image.shape[:2]
+        geometry, resized_w, resized_h = self.geometry(frame_w, frame_h)
+        if (resized_w, resized_h) != (frame_w, frame_h):
+            image = cv2.resize(image, (resized_w, resized_h), interpolation=cv2.INTER_LINEAR)
+        out = np.full((self.height, self.width, 3), PAD_VALUE, dtype=np.uint8)
+        out[
+            geometry.pad_y : geometry.pad_y + resized_h, geometry.pad_x : geometry.pad_x + resized_w
+        ] = image
+        return Letterboxed(out, geometry)

@@ -1,0 +1,141 @@
+"""Frame accounting: every decoded frame is processed or dropped with a cause, and counted.
+
+Shared by the batcher's reader and publisher threads, hence the lock.  Overflow drops (frames a
+live camera's capped stream trimmed before the batcher read them) are found from gaps in
+``seq``; decode errors come from the decoder's end-of-stream entry.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from pipeline.summary import CameraSummary, RunSummary, percentile
+
+LATENCY_SAMPLES = 200_000  # bounded memory in a long-running daemon
+
+
+@dataclass
+class _CameraState:
+    last_seq: int = -1
+    decoded: int = 0  # highest seq + 1 seen, or the end marker's count
+    received: int = 0
+    processed: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+    ended: bool = False
+    end_reason: str = ""
+    end_error: str = ""
+    latencies: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_SAMPLES))
+
+
+class Accounting:
+    """Thread-safe counters for one run of the batcher."""
+
+    def __init__(self, cameras: list[str], clock=time.time):
+        self._lock = threading.Lock()
+        self._clock = clock
+        self._cameras = {camera: _CameraState() for camera in cameras}
+        self._batch_sizes: Counter[int] = Counter()
+        self._started = clock()
+        self._first_published: float | None = None
+        self._last_published: float | None = None
+
+    def _state(self, camera: str) -> _CameraState:
+        return self._cameras.setdefault(camera, _CameraState())
+
+    def on_received(self, camera: str, seq: int) -> None:
+        with self._lock:
+            state = self._state(camera)
+            if seq > state.last_seq + 1:
+                state.dropped["overflow"] += seq - state.last_seq - 1
+            # seq restarting at 0 means a new decoder session (a restarted worker): continue from it
+            state.last_seq = seq
+            state.decoded = max(state.decoded, seq + 1)
+            state.received += 1
+
+    def on_end(self, camera: str, frames: int, reason: str, error: str, decode_errors: int) -> None:
+        with self._lock:
+            state = self._state(camera)
+            if frames > state.last_seq + 1:
+                state.dropped["overflow"] += frames - state.last_seq - 1
+                state.decoded = max(state.decoded, frames)
+            if decode_errors:
+                state.dropped["decode_error"] += decode_errors
+            state.ended, state.end_reason, state.end_error = True, reason, error
+
+    def on_dropped(self, camera: str, cause: str, count: int = 1) -> None:
+        with self._lock:
+            self._state(camera).dropped[cause] += count
+
+    def on_published(self, batch: list[tuple[str, float]], published: float) -> None:
+        """A batch's frames are in Redis: ``(camera, latency_s)`` for each."""
+        with self._lock:
+            self._batch_sizes[len(batch)] += 1
+            for camera, latency in batch:
+                state = self._state(camera)
+                state.processed += 1
+                state.latencies.append(latency)
+            if self._first_published is None:
+                self._first_published = published
+            self._last_published = published
+
+    def outstanding(self, camera: str) -> int:
+        """Frames received and not yet published (nor dropped after receipt)."""
+        with self._lock:
+            state = self._state(camera)
+            return state.received - state.processed - state.dropped["stale"]
+
+    def ended(self, cameras: list[str]) -> bool:
+        """Whether each of these cameras has sent its end-of-stream entry."""
+        with self._lock:
+            return all(self._state(camera).ended for camera in cameras)
+
+    def all_ended(self) -> bool:
+        with self._lock:
+            return all(state.ended for state in self._cameras.values())
+
+    def all_done(self) -> bool:
+        """Every camera ended and every frame it delivered is published."""
+        with self._lock:
+            return all(
+                state.ended and state.received == state.processed + state.dropped["stale"]
+                for state in self._cameras.values()
+            )
+
+    def summary(self) -> RunSummary:
+        with self._lock:
+            finished = self._clock()
+            cameras = []
+            all_latencies: list[float] = []
+            for camera, state in sorted(self._cameras.items()):
+                latencies = sorted(state.latencies)
+                all_latencies.extend(latencies)
+                cameras.append(
+                    CameraSummary(
+                        camera=camera,
+                        decoded=state.decoded,
+                        processed=state.processed,
+                        dropped=dict(state.dropped),
+                        end_reason=state.end_reason,
+                        error=state.end_error,
+                        latency_p50_s=percentile(latencies, 50),
+                        latency_p99_s=percentile(latencies, 99),
+                    )
+                )
+            all_latencies.sort()
+            batches = sum(self._batch_sizes.values())
+            frames = sum(size * count for size, count in self._batch_sizes.items())
+            return RunSummary(
+                cameras=tuple(cameras),
+                batches=batches,
+                batch_sizes=dict(sorted(self._batch_sizes.items())),
+                mean_batch_size=frames / batches if batches else 0.0,
+                wall_s=finished - self._started,
+                processing_s=(self._last_published or finished)
+                - (self._first_published or finished),
+                latency_p50_s=percentile(all_latencies, 50),
+                latency_p90_s=percentile(all_latencies, 90),
+                latency_p99_s=percentile(all_latencies, 99),
+            )

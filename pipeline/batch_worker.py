@@ -1,0 +1,260 @@
+"""The batcher/detector loop: frames streams → batching policy → detector → detections streams.
+
+Three stages on three threads so the detector is never idle while work is queued:
+
+* reader (the caller's thread): ``XREADGROUP`` over every camera, feeds the policy, and when the
+  policy dispatches, stacks and prepares the batch (``Detector.prepare``);
+* inference: runs the backend on prepared batches (ONNX Runtime releases the GIL);
+* publisher: post-processes (decode + NMS), ``XADD``s one detection message per frame, then
+  ``XACK`` + ``XDEL``s the frames — in that order, in one round trip.
+
+The hand-off queues hold one batch each, so at most three batches are in memory at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import redis
+
+from detectors.detector import Detector
+from detectors.postprocess import ImageDetections
+from detectors.preprocess import LetterboxGeometry
+from pipeline.accounting import Accounting
+from pipeline.batching import Queued, TimeoutBatchPolicy
+from streams.keys import FRAMES_GROUP, StreamKeys
+from streams.messages import (
+    Detection,
+    DetectionMessage,
+    EndOfStream,
+    FrameMessage,
+    Timestamps,
+    message_kind,
+)
+
+log = logging.getLogger(__name__)
+
+IDLE_BLOCK_MS = 100
+_DONE = object()  # end-of-work marker passed down the stage queues
+
+
+@dataclass(frozen=True)
+class PendingFrame:
+    entry_id: bytes
+    message: FrameMessage
+
+
+@dataclass(frozen=True)
+class PreparedBatch:
+    batch_id: int
+    frames: list[Queued[PendingFrame]]
+    tensor: Any
+    batched: float
+
+
+@dataclass(frozen=True)
+class InferredBatch:
+    prepared: PreparedBatch
+    raw: np.ndarray
+    inferred: float
+
+
+class StageFailed(RuntimeError):
+    """An inference or publishing thread died; the reader stops instead of blocking forever."""
+
+
+class BatchWorker:
+    """Runs the three stages until ``stop`` is set, or until every camera ended (``until_done``)."""
+
+    def __init__(
+        self,
+        *,
+        redis_client: redis.Redis,
+        keys: StreamKeys,
+        cameras: list[str],
+        detector: Detector,
+        policy: TimeoutBatchPolicy[PendingFrame],
+        accounting: Accounting,
+        detections_maxlen: int,
+        until_done: bool,
+        consumer_name: str = "batcher-0",
+        clock: Callable[[], float] = time.time,
+    ):
+        self._redis = redis_client
+        self._keys = keys
+        self._cameras = cameras
+        self._detector = detector
+        self._policy = policy
+        self._accounting = accounting
+        self._detections_maxlen = detections_maxlen
+        self._until_done = until_done
+        self._consumer = consumer_name
+        self._clock = clock
+        self._batch_ids = itertools.count()
+        self._to_infer: queue.Queue[Any] = queue.Queue(maxsize=1)
+        self._to_publish: queue.Queue[Any] = queue.Queue(maxsize=1)
+        self._failure: BaseException | None = None
+        # Start with this consumer's own pending entries (left by a crash), then new ones.
+        self._read_ids = {keys.frames(camera): "0" for camera in cameras}
+
+    # --- reader -----------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        """Serve until stopped or done; always finishes and publishes the batches in flight."""
+        stages = [
+            threading.Thread(target=self._guard, args=(self._infer_loop,), name="fb-infer"),
+            threading.Thread(target=self._guard, args=(self._publish_loop,), name="fb-publish"),
+        ]
+        for thread in stages:
+            thread.start()
+        try:
+            self._read_loop(stop)
+        finally:
+            self._put(self._to_infer, _DONE)
+            for thread in stages:
+                thread.join()
+        if self._failure is not None:
+            raise StageFailed(f"batcher stage failed: {self._failure!r}") from self._failure
+
+    def _read_loop(self, stop: threading.Event) -> None:
+        policy = self._policy
+        while not stop.is_set() and self._failure is None:
+            ended = self._until_done and self._accounting.all_ended()
+            if ended and policy.waiting == 0:
+                return
+            now = self._clock()
+            if policy.ready(now) or (ended and policy.waiting):
+                self._dispatch(policy.take())
+                continue
+            deadline = policy.next_deadline()
+            block_s = IDLE_BLOCK_MS / 1000 if deadline is None else max(deadline - now, 0.001)
+            room = max(policy.max_batch_size - policy.waiting, 1)
+            self._read(count=room, block_ms=max(1, int(block_s * 1000)))
+
+    def _read(self, *, count: int, block_ms: int) -> None:
+        reply = self._redis.xreadgroup(
+            FRAMES_GROUP, self._consumer, self._read_ids, count=count, block=block_ms
+        )
+        for key, entries in reply or []:
+            key = key.decode()
+            if self._read_ids[key] != ">" and not entries:
+                self._read_ids[key] = ">"  # own pending history exhausted
+            for entry_id, fields in entries:
+                if self._read_ids[key] != ">":
+                    self._read_ids[key] = entry_id
+                self._receive(key, entry_id, fields)
+
+    def _receive(self, key: str, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
+        if not fields:  # a pending entry whose frame was trimmed: nothing left to process
+            self._redis.xack(key, FRAMES_GROUP, entry_id)
+            return
+        if message_kind(fields) == "end":
+            end = EndOfStream.from_fields(fields)
+            self._accounting.on_end(
+                end.camera, end.frames, end.reason, end.error, end.decode_errors
+            )
+            self._ack_and_delete(self._redis, key, [entry_id])
+            return
+        frame = FrameMessage.from_fields(fields)
+        self._accounting.on_received(frame.camera, frame.seq)
+        self._policy.add(frame.camera, PendingFrame(entry_id, frame), self._clock())
+
+    def _dispatch(self, frames: list[Queued[PendingFrame]]) -> None:
+        batched = self._clock()
+        tensor = self._detector.prepare([q.item.message.image() for q in frames])
+        self._put(self._to_infer, PreparedBatch(next(self._batch_ids), frames, tensor, batched))
+
+    def _put(self, stage: queue.Queue[Any], item: Any) -> None:
+        """Blocking put that gives up when a downstream stage has died."""
+        while True:
+            try:
+                stage.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                if self._failure is not None:
+                    return
+
+    # --- inference and publishing ---------------------------------------------------------------
+    def _guard(self, loop: Callable[[], None]) -> None:
+        try:
+            loop()
+        except BaseException as exc:  # noqa: BLE001 - recorded and re-raised by run()
+            log.exception("batcher stage failed")
+            self._failure = exc
+
+    def _infer_loop(self) -> None:
+        try:
+            while (item := self._to_infer.get()) is not _DONE:
+                raw = self._detector.infer(item.tensor)
+                self._put(self._to_publish, InferredBatch(item, raw, self._clock()))
+        finally:
+            self._put(self._to_publish, _DONE)
+
+    def _publish_loop(self) -> None:
+        client = self._redis
+        while (item := self._to_publish.get()) is not _DONE:
+            frames = item.prepared.frames
+            messages = [q.item.message for q in frames]
+            geometries = [
+                LetterboxGeometry(m.width, m.height, m.scale, m.pad_x, m.pad_y) for m in messages
+            ]
+            results = self._detector.postprocess(item.raw, geometries)
+            published = self._clock()
+            pipe = client.pipeline(transaction=False)
+            for message, result in zip(messages, results, strict=True):
+                detection = self._detection_message(item, message, result, published)
+                pipe.xadd(
+                    self._keys.detections(message.camera),
+                    detection.to_fields(),
+                    maxlen=self._detections_maxlen,
+                    approximate=True,
+                )
+            # Published first, acknowledged after: a crash in between re-delivers, never loses.
+            by_stream: dict[str, list[bytes]] = {}
+            for q in frames:
+                by_stream.setdefault(self._keys.frames(q.camera), []).append(q.item.entry_id)
+            for key, ids in by_stream.items():
+                self._ack_and_delete(pipe, key, ids)
+            pipe.execute()
+            self._accounting.on_published(
+                [(m.camera, published - m.captured) for m in messages], published
+            )
+
+    def _detection_message(
+        self, item: InferredBatch, message: FrameMessage, result: ImageDetections, published: float
+    ) -> DetectionMessage:
+        label = self._detector.info.label
+        detections = tuple(
+            Detection(tuple(float(v) for v in box), float(score), int(cls), label(int(cls)))
+            for box, score, cls in zip(result.boxes, result.scores, result.class_ids, strict=True)
+        )
+        return DetectionMessage(
+            camera=message.camera,
+            seq=message.seq,
+            pts=message.pts,
+            width=message.width,
+            height=message.height,
+            batch_id=item.prepared.batch_id,
+            batch_size=len(item.prepared.frames),
+            detections=detections,
+            timestamps=Timestamps(
+                captured=message.captured,
+                enqueued=message.enqueued,
+                batched=item.prepared.batched,
+                inferred=item.inferred,
+                published=published,
+            ),
+        )
+
+    @staticmethod
+    def _ack_and_delete(client: Any, key: str, ids: list[bytes]) -> None:
+        # Frames are ~1 MB: delete them once acknowledged, which also keeps XLEN = backlog.
+        client.xack(key, FRAMES_GROUP, *ids)
+        client.xdel(key, *ids)

@@ -1,0 +1,184 @@
+"""``framebatch`` command line: run, consume, check-config, bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+EXIT_OK = 0
+EXIT_CAMERA_ERRORS = 1  # the run finished, but some camera failed (the others were processed)
+EXIT_BAD_INPUT = 2
+
+log = logging.getLogger("framebatch")
+
+
+def _install_stop_handlers(stop) -> None:
+    """First SIGINT/SIGTERM: stop gracefully. Second: exit now."""
+
+    def handle(signum: int, _frame: object) -> None:
+        if stop.is_set():
+            os._exit(128 + signum)
+        log.warning(
+            "%s received: finishing the batch in flight (again to exit now)",
+            signal.Signals(signum).name,
+        )
+        stop.set()
+
+    signal.signal(signal.SIGINT, handle)
+    signal.signal(signal.SIGTERM, handle)
+
+
+def _print_event(event: dict[str, str]) -> None:
+    name = event.get("event", "")
+    line = f"camera {event.get('camera')}: {name} {event.get('message', '')}".rstrip()
+    if name in ("error", "crashed"):
+        log.error("%s", line)
+    else:
+        log.info("%s", line)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import redis
+
+    from pipeline.config import ConfigError, load_config
+    from pipeline.daemon import Pipeline
+    from streams.embedded_redis import RedisServerError
+    from streams.urls import redact_url
+
+    try:
+        config = load_config(args.config)
+        pipeline = Pipeline(config, until_done=args.until_done, on_event=_print_event)
+        _install_stop_handlers(pipeline.stop)
+        summary = pipeline.run()
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (FileNotFoundError, ValueError, RedisServerError) as exc:
+        print(f"framebatch: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except redis.ConnectionError as exc:
+        where = redact_url(config.redis.url or "the private redis-server")
+        print(f"framebatch: cannot reach Redis at {where}: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(summary.format())
+    if args.summary_json:
+        Path(args.summary_json).write_text(json.dumps(summary.to_json(), indent=2))
+    failed = [c for c in summary.cameras if c.end_reason in ("error", "crashed")]
+    return EXIT_CAMERA_ERRORS if failed else EXIT_OK
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    import redis
+
+    from streams.consumer import DetectionConsumer
+    from streams.keys import StreamKeys
+    from streams.urls import redact_url
+
+    client = redis.Redis.from_url(args.redis)
+    consumer = DetectionConsumer(
+        client,
+        StreamKeys(args.prefix),
+        cameras=args.camera or (),
+        from_start=args.from_start,
+        group=args.group,
+    )
+    try:
+        for message in consumer.messages(count=args.count, timeout_s=args.timeout):
+            print(json.dumps(message.to_json()), flush=True)
+    except KeyboardInterrupt:
+        pass
+    except redis.ConnectionError as exc:
+        where = redact_url(args.redis)
+        print(f"framebatch consume: cannot reach Redis at {where}: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    finally:
+        client.close()
+    return EXIT_OK
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    from pipeline.config import ConfigError, load_config
+    from pipeline.daemon import check_run_mode
+
+    try:
+        config = load_config(args.config)
+        check_run_mode(config, until_done=args.until_done)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"{args.config}: ok ({len(config.cameras)} cameras, model {config.model.path.name})")
+    return EXIT_OK
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from pipeline.bench import run_bench
+
+    return run_bench(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="framebatch", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="run the pipeline daemon on a config")
+    run.add_argument("config", help="YAML config file")
+    run.add_argument(
+        "--until-done",
+        action="store_true",
+        help="replay mode: exit once every file source is processed",
+    )
+    run.add_argument("--summary-json", metavar="PATH", help="also write the summary as JSON")
+    run.set_defaults(handler=cmd_run)
+
+    consume = commands.add_parser("consume", help="print detections as JSON lines")
+    consume.add_argument(
+        "--redis", default="redis://127.0.0.1:6379/0", help="Redis URL (default: %(default)s)"
+    )
+    consume.add_argument("--prefix", default="fb", help="key prefix (default: %(default)s)")
+    consume.add_argument("--camera", action="append", help="camera id (repeatable; default: all)")
+    consume.add_argument(
+        "--from-start", action="store_true", help="start at the oldest message kept"
+    )
+    consume.add_argument("--count", type=int, help="exit after N messages")
+    consume.add_argument("--timeout", type=float, help="exit after S seconds with no new message")
+    consume.add_argument("--group", help="durable consumer group; acknowledges what it printed")
+    consume.set_defaults(handler=cmd_consume)
+
+    check = commands.add_parser("check-config", help="validate a config and list every error")
+    check.add_argument("config")
+    check.add_argument("--until-done", action="store_true", help="also check it suits --until-done")
+    check.set_defaults(handler=cmd_check_config)
+
+    bench = commands.add_parser(
+        "bench", help="measure the detector alone and the pipeline end to end"
+    )
+    bench.add_argument("--config", default="configs/bench.yaml", help="pipeline config to replay")
+    bench.add_argument("--batch-sizes", default="1,4,8", help="detector-alone batch sizes")
+    bench.add_argument("--repeats", type=int, default=5, help="timed batches per size and round")
+    bench.add_argument(
+        "--rounds", type=int, default=1, help="alternating rounds of detector/pipeline"
+    )
+    bench.add_argument("--output", metavar="PATH", help="write the figures as JSON")
+    bench.set_defaults(handler=cmd_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

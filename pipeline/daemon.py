@@ -1,0 +1,257 @@
+"""The composition root: builds every part of a run from the config and supervises it.
+
+``Pipeline.run`` starts (or connects to) Redis, loads the detector, starts one decode process per
+camera and the batcher threads, then supervises until stopped or, in ``until_done`` mode, until
+every file source has ended and every decoded frame has its detections published.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import threading
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+
+import redis
+
+from detectors.detector import Detector
+from detectors.postprocess import Thresholds
+from detectors.registry import load_backend
+from pipeline.accounting import Accounting
+from pipeline.batch_worker import BatchWorker
+from pipeline.batching import TimeoutBatchPolicy
+from pipeline.config import CameraConfig, Config, ConfigError
+from pipeline.summary import RunSummary
+from streams.decode_worker import DecoderSpec, run_decoder_process
+from streams.embedded_redis import EmbeddedRedis
+from streams.events import EventLog
+from streams.keys import FRAMES_GROUP, StreamKeys
+from streams.messages import EndOfStream
+
+log = logging.getLogger(__name__)
+
+SUPERVISE_TICK_S = 0.2
+DECODER_JOIN_S = 5.0
+RESTART_BACKOFF_MAX_S = 30.0
+
+
+def decoder_spec(camera: CameraConfig, *, default_backlog: int, until_done: bool) -> DecoderSpec:
+    """How a camera's decode worker behaves in this run."""
+    live = camera.is_live
+    realtime = True if live else bool(camera.realtime)
+    return DecoderSpec(
+        camera=camera.id,
+        url=camera.url,
+        live=live,
+        realtime=realtime,
+        loop=camera.loop,
+        # Replays never drop; a file played "like a camera" in the daemon keeps the freshest frames.
+        backpressure=not live and (until_done or not realtime),
+        max_backlog=camera.max_backlog or default_backlog,
+        fps=camera.fps,
+    )
+
+
+def check_run_mode(config: Config, *, until_done: bool) -> None:
+    """Config combinations that are valid YAML but cannot work in this mode."""
+    if not until_done:
+        return
+    errors = [
+        f"cameras[{i}].loop: a looping file never ends; --until-done needs loop: false"
+        for i, camera in enumerate(config.cameras)
+        if camera.loop
+    ]
+    if all(camera.is_live for camera in config.cameras):
+        errors.append(
+            "cameras: --until-done needs at least one file source (live cameras never end)"
+        )
+    if errors:
+        raise ConfigError(errors, source="--until-done")
+
+
+@dataclass
+class _Decoder:
+    spec: DecoderSpec
+    process: multiprocessing.process.BaseProcess
+    restarts: int = 0
+    restart_at: float | None = None
+    finished: bool = False
+
+
+@dataclass
+class Pipeline:
+    """One run of framebatch. ``run()`` blocks; set ``stop`` (e.g. from a signal) to end it."""
+
+    config: Config
+    until_done: bool = False
+    on_event: Callable[[dict[str, str]], None] = lambda event: None
+    stop: threading.Event = field(default_factory=threading.Event)
+    redis_url: str = ""
+
+    def run(self) -> RunSummary:
+        check_run_mode(self.config, until_done=self.until_done)
+        with ExitStack() as stack:
+            self.redis_url = self.config.redis.url or stack.enter_context(EmbeddedRedis()).url
+            client = redis.Redis.from_url(self.redis_url)
+            stack.callback(client.close)
+            keys = StreamKeys(self.config.redis.prefix)
+            detector = self._load_detector()
+            stack.callback(detector.close)
+            self._prepare_streams(client, keys)
+            accounting = Accounting([camera.id for camera in self.config.cameras])
+            worker = BatchWorker(
+                redis_client=client,
+                keys=keys,
+                cameras=[camera.id for camera in self.config.cameras],
+                detector=detector,
+                policy=TimeoutBatchPolicy(
+                    max_batch_size=self.config.batching.max_batch_size,
+                    max_wait_s=self.config.batching.max_wait_ms / 1000,
+                ),
+                accounting=accounting,
+                detections_maxlen=self.config.redis.detections_maxlen,
+                until_done=self.until_done,
+            )
+            decoders_stop = multiprocessing.get_context("spawn").Event()
+            self._spawn_args = (detector, keys, decoders_stop)
+            decoders = self._start_decoders(detector, keys, decoders_stop)
+            stack.callback(self._stop_decoders, decoders, decoders_stop)
+            batcher_stop = threading.Event()
+            batcher_error: list[BaseException] = []
+            batcher = threading.Thread(
+                target=self._run_batcher,
+                args=(worker, batcher_stop, batcher_error),
+                name="fb-batcher",
+            )
+            batcher.start()
+            try:
+                self._supervise(client, keys, decoders, decoders_stop, batcher, accounting)
+            finally:
+                decoders_stop.set()
+                batcher_stop.set()
+                batcher.join()
+            if batcher_error:
+                raise batcher_error[0]
+            return accounting.summary()
+
+    # --- building -----------------------------------------------------------------------------
+    def _load_detector(self) -> Detector:
+        model = self.config.model
+        backend = load_backend(model.path, model.backend, imgsz=model.imgsz, threads=model.threads)
+        detector = Detector(
+            backend,
+            thresholds=Thresholds(
+                conf=model.conf,
+                iou=model.iou,
+                max_det=model.max_det,
+                classes=tuple(model.classes) if model.classes is not None else None,
+            ),
+        )
+        backend.warmup(sorted({1, self.config.batching.max_batch_size}))
+        return detector
+
+    def _prepare_streams(self, client: redis.Redis, keys: StreamKeys) -> None:
+        for camera in self.config.cameras:
+            key = keys.frames(camera.id)
+            if self.until_done:
+                client.delete(key)  # a replay starts from its own first frame
+            try:
+                # "0" on a new stream; an existing group keeps its position and pending frames
+                client.xgroup_create(key, FRAMES_GROUP, id="0", mkstream=True)
+            except redis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+    def _start_decoders(
+        self, detector: Detector, keys: StreamKeys, stop: multiprocessing.synchronize.Event
+    ) -> list[_Decoder]:
+        decoders = []
+        for camera in self.config.cameras:
+            spec = decoder_spec(
+                camera, default_backlog=self.config.redis.frames_maxlen, until_done=self.until_done
+            )
+            decoders.append(_Decoder(spec, self._spawn(spec, detector, keys, stop)))
+        return decoders
+
+    def _spawn(self, spec, detector, keys, stop) -> multiprocessing.process.BaseProcess:
+        process = multiprocessing.get_context("spawn").Process(
+            target=run_decoder_process,
+            args=(spec, self.redis_url, keys.prefix, detector.letterbox(), stop),
+            name=f"fb-decoder-{spec.camera}",
+            daemon=True,
+        )
+        process.start()
+        return process
+
+    # --- running ------------------------------------------------------------------------------
+    @staticmethod
+    def _run_batcher(
+        worker: BatchWorker, stop: threading.Event, errors: list[BaseException]
+    ) -> None:
+        try:
+            worker.run(stop)
+        except BaseException as exc:  # noqa: BLE001 - handed to the supervising thread
+            errors.append(exc)
+
+    def _supervise(self, client, keys, decoders, decoders_stop, batcher, accounting) -> None:
+        events = EventLog(client, keys)
+        last_event = events.last_id()
+        file_cameras = [d.spec.camera for d in decoders if not d.spec.live]
+        while batcher.is_alive() and not self.stop.wait(SUPERVISE_TICK_S):
+            for event_id, event in events.read_after(last_event):
+                last_event = event_id
+                self.on_event(event)
+            self._check_decoders(client, keys, decoders, decoders_stop)
+            if self.until_done and accounting.ended(file_cameras):
+                decoders_stop.set()  # files are done: live cameras stop and end too
+        if self.stop.is_set():
+            log.info("stopping: finishing the batch in flight")
+
+    def _check_decoders(self, client, keys, decoders, decoders_stop) -> None:
+        now = time.monotonic()
+        for decoder in decoders:
+            if decoder.finished:
+                continue
+            process = decoder.process
+            if process.is_alive():
+                continue
+            if decoder.restart_at is not None:
+                if now >= decoder.restart_at and not decoders_stop.is_set():
+                    decoder.process = self._spawn(decoder.spec, *self._spawn_args)
+                    decoder.restart_at = None
+                continue
+            if process.exitcode == 0:
+                decoder.finished = True
+                continue
+            # Died without its end entry (segfault, OOM kill...): say so, and restart live cameras.
+            camera, code = decoder.spec.camera, process.exitcode
+            message = f"decoder process for camera {camera!r} died (exit code {code})"
+            EventLog(client, keys).emit(decoder.spec.camera, "crashed", message)
+            if decoder.spec.live and not self.until_done:
+                decoder.restarts += 1
+                delay = min(2.0**decoder.restarts, RESTART_BACKOFF_MAX_S)
+                decoder.restart_at = now + delay
+            else:
+                decoder.finished = True
+                client.xadd(
+                    keys.frames(decoder.spec.camera),
+                    EndOfStream(decoder.spec.camera, -1, "crashed", message).to_fields(),
+                )
+
+    @staticmethod
+    def _stop_decoders(decoders: list[_Decoder], stop: multiprocessing.synchronize.Event) -> None:
+        """stop event → join(timeout) → terminate → kill: never leaves a decoder behind."""
+        stop.set()
+        deadline = time.monotonic() + DECODER_JOIN_S
+        for decoder in decoders:
+            decoder.process.join(max(0.0, deadline - time.monotonic()))
+        for decoder in decoders:
+            if decoder.process.is_alive():
+                decoder.process.terminate()
+                decoder.process.join(2.0)
+            if decoder.process.is_alive():
+                decoder.process.kill()
+                decoder.process.join()

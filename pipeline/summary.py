@@ -1,0 +1,91 @@
+"""The run summary printed at the end of ``framebatch run`` (and returned to Python callers)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile of already sorted values (None when empty)."""
+    if not sorted_values:
+        return None
+    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+@dataclass(frozen=True)
+class CameraSummary:
+    camera: str
+    decoded: int
+    processed: int
+    dropped: dict[str, int]
+    end_reason: str
+    error: str
+    latency_p50_s: float | None
+    latency_p99_s: float | None
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    cameras: tuple[CameraSummary, ...]
+    batches: int
+    batch_sizes: dict[int, int]
+    mean_batch_size: float
+    wall_s: float  # from the batcher's start to the summary
+    processing_s: float  # from the first to the last published batch
+    latency_p50_s: float | None
+    latency_p90_s: float | None
+    latency_p99_s: float | None
+
+    @property
+    def processed(self) -> int:
+        return sum(c.processed for c in self.cameras)
+
+    @property
+    def dropped(self) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        for camera in self.cameras:
+            for cause, count in camera.dropped.items():
+                totals[cause] = totals.get(cause, 0) + count
+        return totals
+
+    @property
+    def throughput_fps(self) -> float:
+        return self.processed / self.wall_s if self.wall_s > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(
+            processed=self.processed, dropped=self.dropped, throughput_fps=self.throughput_fps
+        )
+        return data
+
+    def format(self) -> str:
+        def ms(value: float | None) -> str:
+            return "-" if value is None else f"{value * 1000:.0f} ms"
+
+        lines = ["framebatch summary"]
+        for c in self.cameras:
+            dropped = (
+                ", ".join(f"{cause} {n}" for cause, n in sorted(c.dropped.items()) if n) or "none"
+            )
+            status = f"{c.end_reason}: {c.error}" if c.error else (c.end_reason or "running")
+            lines.append(
+                f"  camera {c.camera}: decoded {c.decoded}, processed {c.processed}, "
+                f"dropped {dropped}; latency p50 {ms(c.latency_p50_s)} "
+                f"p99 {ms(c.latency_p99_s)} ({status})"
+            )
+        dropped_total = (
+            ", ".join(f"{k} {v}" for k, v in sorted(self.dropped.items()) if v) or "none"
+        )
+        lines += [
+            f"  frames processed {self.processed}, dropped {dropped_total}",
+            f"  batches {self.batches}, mean batch size {self.mean_batch_size:.2f}",
+            f"  throughput {self.throughput_fps:.1f} frames/s over {self.wall_s:.1f} s",
+            f"  end-to-end latency p50 {ms(self.latency_p50_s)}, p90 {ms(self.latency_p90_s)}, "
+            f"p99 {ms(self.latency_p99_s)}",
+        ]
+        return "\n".join(lines)

@@ -1,0 +1,116 @@
+"""Reading detections back: the Python API behind ``framebatch consume``.
+
+>>> consumer = DetectionConsumer(redis.Redis(), StreamKeys("fb"), from_start=True)
+>>> for message in consumer.messages(count=10):
+...     print(message.camera, message.seq, len(message.detections))
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Sequence
+
+import redis
+
+from streams.keys import StreamKeys
+from streams.messages import DetectionMessage
+
+DEFAULT_BLOCK_MS = 500
+
+
+class DetectionConsumer:
+    """Iterates detection messages of some or all cameras.
+
+    Without ``group`` it reads like ``XREAD`` (nothing is acknowledged; ``from_start`` replays
+    what the streams still hold).  With ``group`` it joins a durable consumer group and
+    acknowledges each message once the caller has taken the next one, so a message being
+    handled when the process dies is delivered again.
+    """
+
+    def __init__(
+        self,
+        redis_client: redis.Redis,
+        keys: StreamKeys,
+        *,
+        cameras: Sequence[str] = (),
+        from_start: bool = False,
+        group: str | None = None,
+        consumer: str | None = None,
+        block_ms: int = DEFAULT_BLOCK_MS,
+    ):
+        self._redis = redis_client
+        self._keys = keys
+        self._fixed_cameras = tuple(cameras)
+        self._from_start = from_start
+        self._group = group
+        self._consumer = consumer or f"consume-{os.getpid()}"
+        self._block_ms = block_ms
+        self._positions: dict[str, str] = {}
+
+    def _discover(self, first: bool) -> None:
+        """Add streams not yet followed (all cameras: found by SCAN, so late cameras join)."""
+        if self._fixed_cameras:
+            keys = [self._keys.detections(c) for c in self._fixed_cameras]
+        else:
+            keys = [
+                k.decode() for k in self._redis.scan_iter(match=self._keys.detections_pattern())
+            ]
+        for key in keys:
+            if key in self._positions:
+                continue
+            if self._group is not None:
+                try:
+                    self._redis.xgroup_create(
+                        key, self._group, id="0" if self._from_start else "$", mkstream=True
+                    )
+                except redis.ResponseError as exc:
+                    if "BUSYGROUP" not in str(exc):
+                        raise
+                self._positions[key] = ">"
+            elif self._from_start or not first:
+                self._positions[key] = (
+                    "0"  # a stream that appeared after we started: all of it is new
+                )
+            else:
+                last = self._redis.xrevrange(key, count=1)
+                self._positions[key] = last[0][0].decode() if last else "0"
+
+    def messages(
+        self, *, count: int | None = None, timeout_s: float | None = None
+    ) -> Iterator[DetectionMessage]:
+        """Messages as they arrive; stops after ``count`` or ``timeout_s`` without a new one."""
+        delivered = 0
+        last_activity = time.monotonic()
+        self._discover(first=True)
+        while count is None or delivered < count:
+            if timeout_s is not None and time.monotonic() - last_activity >= timeout_s:
+                return
+            block = (
+                self._block_ms
+                if timeout_s is None
+                else max(1, min(self._block_ms, int(timeout_s * 1000)))
+            )
+            reply = self._read(block) if self._positions else None
+            if not reply:
+                if not self._positions:
+                    time.sleep(block / 1000)
+                self._discover(first=False)
+                continue
+            last_activity = time.monotonic()
+            for key, entries in reply:
+                key = key.decode()
+                for entry_id, fields in entries:
+                    if self._group is None:
+                        self._positions[key] = entry_id.decode()
+                    yield DetectionMessage.from_fields(fields)
+                    if self._group is not None:
+                        self._redis.xack(key, self._group, entry_id)
+                    delivered += 1
+                    if count is not None and delivered >= count:
+                        return
+
+    def _read(self, block_ms: int) -> list:
+        if self._group is None:
+            return self._redis.xread(self._positions, block=block_ms)
+        return self._redis.xreadgroup(self._group, self._consumer, self._positions, block=block_ms)

@@ -1,0 +1,40 @@
+"""Status events (camera opened, error, reconnecting, ended) as a bounded Redis stream."""
+
+from __future__ import annotations
+
+import time
+
+import redis
+
+from streams.keys import StreamKeys
+
+EVENTS_MAXLEN = 10_000
+
+
+class EventLog:
+    """Errors travel as data: each event is an entry in ``<prefix>:events``."""
+
+    def __init__(self, redis_client: redis.Redis, keys: StreamKeys):
+        self._redis = redis_client
+        self._key = keys.events()
+
+    def emit(self, camera: str, event: str, message: str = "") -> None:
+        fields = {"camera": camera, "event": event, "message": message, "time": repr(time.time())}
+        self._redis.xadd(self._key, fields, maxlen=EVENTS_MAXLEN, approximate=True)
+
+    def last_id(self) -> str:
+        """The newest event's id (``"0"`` when none): read after it to see only new events."""
+        newest = self._redis.xrevrange(self._key, count=1)
+        return newest[0][0].decode() if newest else "0"
+
+    def read_after(
+        self, last_id: str, block_ms: int | None = None
+    ) -> list[tuple[str, dict[str, str]]]:
+        """Events newer than ``last_id`` (``"0"`` for all), decoded to text."""
+        reply = self._redis.xread({self._key: last_id}, block=block_ms)
+        events: list[tuple[str, dict[str, str]]] = []
+        for _key, entries in reply or []:
+            for entry_id, fields in entries:
+                decoded = {k.decode(): v.decode() for k, v in fields.items()}
+                events.append((entry_id.decode(), decoded))
+        return events

@@ -1,0 +1,36 @@
+"""Every Redis key and group name framebatch uses, in one place (the wire contract)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Consumer group through which the batcher reads every camera's frame stream.
+FRAMES_GROUP = "framebatch-batcher"
+
+
+@dataclass(frozen=True)
+class StreamKeys:
+    """Key names under one prefix, e.g. ``<prefix>:frames:<camera>``."""
+
+    prefix: str = "fb"
+
+    def frames(self, camera: str) -> str:
+        """Stream of letterboxed frames for one camera (bounded, ``MAXLEN ~``)."""
+        return f"{self.prefix}:frames:{camera}"
+
+    def detections(self, camera: str) -> str:
+        """Stream of detection messages for one camera, one entry per decoded frame."""
+        return f"{self.prefix}:detections:{camera}"
+
+    def detections_pattern(self) -> str:
+        """SCAN pattern that matches every camera's detection stream."""
+        return f"{self.prefix}:detections:*"
+
+    def camera_from_detections(self, key: str | bytes) -> str:
+        """Inverse of :meth:`detections`."""
+        text = key.decode() if isinstance(key, bytes) else key
+        return text[len(self.detections("")) :]
+
+    def events(self) -> str:
+        """Stream of status events (camera opened, disconnected, failed, ended)."""
+        return f"{self.prefix}:events"

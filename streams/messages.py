@@ -1,0 +1,250 @@
+"""Wire messages: frozen dataclasses with a schema version and explicit Redis field mapping.
+
+Frame streams carry two kinds of entries, told apart by the ``kind`` field: ``frame`` (a
+letterboxed image with its geometry and timestamps) and ``end`` (the decoder's last word for
+one source session: how many frames it decoded and why it stopped).  Detection streams carry
+one :class:`DetectionMessage` per decoded frame.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+
+Fields = Mapping[bytes, bytes]
+
+
+def _text(fields: Fields, name: str) -> str:
+    return fields[name.encode()].decode()
+
+
+def _optional_float(fields: Fields, name: str) -> float | None:
+    raw = fields.get(name.encode(), b"")
+    return float(raw) if raw else None
+
+
+def _check_version(fields: Fields) -> None:
+    version = int(fields.get(b"v", b"0"))
+    if version != SCHEMA_VERSION:
+        raise ValueError(
+            f"unsupported message schema version {version} (expected {SCHEMA_VERSION})"
+        )
+
+
+def message_kind(fields: Fields) -> str:
+    """``frame`` or ``end`` for an entry of a frames stream."""
+    return fields.get(b"kind", b"frame").decode()
+
+
+@dataclass(frozen=True)
+class FrameMessage:
+    """One decoded frame, letterboxed to the model input (uint8 BGR, HxWx3)."""
+
+    camera: str
+    seq: int  # 0-based decode index since the source was opened; keeps counting across loops
+    pts: float | None  # presentation time in seconds, None when the container has none
+    width: int  # original frame size
+    height: int
+    scale: float  # letterbox gain: input pixels per original pixel
+    pad_x: int  # letterbox padding on the left / top, in input pixels
+    pad_y: int
+    captured: float  # epoch seconds when the frame was decoded (or due, when paced)
+    enqueued: float  # epoch seconds just before XADD
+    pixels: bytes = field(repr=False)
+    input_width: int = 640
+    input_height: int = 640
+
+    def image(self) -> np.ndarray:
+        """A read-only HxWx3 uint8 view of the letterboxed pixels (no copy)."""
+        return np.frombuffer(self.pixels, dtype=np.uint8).reshape(
+            self.input_height, self.input_width, 3
+        )
+
+    def to_fields(self) -> dict[str, bytes | str | int | float]:
+        return {
+            "v": SCHEMA_VERSION,
+            "kind": "frame",
+            "camera": self.camera,
+            "seq": self.seq,
+            "pts": "" if self.pts is None else repr(self.pts),
+            "width": self.width,
+            "height": self.height,
+            "scale": repr(self.scale),
+            "pad_x": self.pad_x,
+            "pad_y": self.pad_y,
+            "captured": repr(self.captured),
+            "enqueued": repr(self.enqueued),
+            "input_width": self.input_width,
+            "input_height": self.input_height,
+            "pixels": self.pixels,
+        }
+
+    @classmethod
+    def from_fields(cls, fields: Fields) -> FrameMessage:
+        _check_version(fields)
+        return cls(
+            camera=_text(fields, "camera"),
+            seq=int(fields[b"seq"]),
+            pts=_optional_float(fields, "pts"),
+            width=int(fields[b"width"]),
+            height=int(fields[b"height"]),
+            scale=float(fields[b"scale"]),
+            pad_x=int(fields[b"pad_x"]),
+            pad_y=int(fields[b"pad_y"]),
+            captured=float(fields[b"captured"]),
+            enqueued=float(fields[b"enqueued"]),
+            input_width=int(fields[b"input_width"]),
+            input_height=int(fields[b"input_height"]),
+            pixels=fields[b"pixels"],
+        )
+
+
+@dataclass(frozen=True)
+class EndOfStream:
+    """The decoder's last entry for a source session: nothing of this camera follows it."""
+
+    camera: str
+    frames: int  # frames decoded in the session (seq of the last frame + 1)
+    reason: str  # "eof", "error", "stopped" or "crashed"
+    error: str = ""  # a one-line message naming the camera, passwords redacted
+    decode_errors: int = 0  # packets that failed to decode: frames dropped, cause decode_error
+
+    def to_fields(self) -> dict[str, str | int]:
+        return {
+            "v": SCHEMA_VERSION,
+            "kind": "end",
+            "camera": self.camera,
+            "frames": self.frames,
+            "reason": self.reason,
+            "error": self.error,
+            "decode_errors": self.decode_errors,
+        }
+
+    @classmethod
+    def from_fields(cls, fields: Fields) -> EndOfStream:
+        _check_version(fields)
+        return cls(
+            camera=_text(fields, "camera"),
+            frames=int(fields[b"frames"]),
+            reason=_text(fields, "reason"),
+            error=fields.get(b"error", b"").decode(),
+            decode_errors=int(fields.get(b"decode_errors", b"0")),
+        )
+
+
+@dataclass(frozen=True)
+class Detection:
+    """One object: box in original-frame pixels (x1, y1, x2, y2)."""
+
+    box: tuple[float, float, float, float]
+    score: float
+    class_id: int
+    label: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "box": [round(v, 2) for v in self.box],
+            "score": round(self.score, 5),
+            "class_id": self.class_id,
+            "label": self.label,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Detection:
+        x1, y1, x2, y2 = (float(v) for v in data["box"])
+        return cls((x1, y1, x2, y2), float(data["score"]), int(data["class_id"]), data["label"])
+
+
+@dataclass(frozen=True)
+class Timestamps:
+    """Epoch seconds at each stage a frame passes through."""
+
+    captured: float
+    enqueued: float
+    batched: float
+    inferred: float
+    published: float
+
+    def to_json(self) -> dict[str, float]:
+        return {
+            "captured": self.captured,
+            "enqueued": self.enqueued,
+            "batched": self.batched,
+            "inferred": self.inferred,
+            "published": self.published,
+        }
+
+
+_TIMESTAMP_NAMES = ("captured", "enqueued", "batched", "inferred", "published")
+
+
+@dataclass(frozen=True)
+class DetectionMessage:
+    """The detections of one frame, published to ``<prefix>:detections:<camera>``."""
+
+    camera: str
+    seq: int
+    pts: float | None
+    width: int
+    height: int
+    batch_id: int
+    batch_size: int
+    detections: tuple[Detection, ...]
+    timestamps: Timestamps
+    schema: int = SCHEMA_VERSION
+
+    @property
+    def latency_s(self) -> float:
+        """End-to-end latency: decoded to published."""
+        return self.timestamps.published - self.timestamps.captured
+
+    def to_fields(self) -> dict[str, str | int]:
+        stamps = {name: repr(value) for name, value in self.timestamps.to_json().items()}
+        return {
+            "v": self.schema,
+            "camera": self.camera,
+            "seq": self.seq,
+            "pts": "" if self.pts is None else repr(self.pts),
+            "width": self.width,
+            "height": self.height,
+            "batch_id": self.batch_id,
+            "batch_size": self.batch_size,
+            "detections": json.dumps([d.to_json() for d in self.detections]),
+            **stamps,
+        }
+
+    @classmethod
+    def from_fields(cls, fields: Fields) -> DetectionMessage:
+        _check_version(fields)
+        return cls(
+            camera=_text(fields, "camera"),
+            seq=int(fields[b"seq"]),
+            pts=_optional_float(fields, "pts"),
+            width=int(fields[b"width"]),
+            height=int(fields[b"height"]),
+            batch_id=int(fields[b"batch_id"]),
+            batch_size=int(fields[b"batch_size"]),
+            detections=tuple(Detection.from_json(d) for d in json.loads(fields[b"detections"])),
+            timestamps=Timestamps(*(float(fields[name.encode()]) for name in _TIMESTAMP_NAMES)),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``framebatch consume`` line."""
+        return {
+            "schema": self.schema,
+            "camera": self.camera,
+            "seq": self.seq,
+            "pts": self.pts,
+            "width": self.width,
+            "height": self.height,
+            "batch_id": self.batch_id,
+            "batch_size": self.batch_size,
+            "detections": [d.to_json() for d in self.detections],
+            "timestamps": self.timestamps.to_json(),
+        }

@@ -1,0 +1,70 @@
+"""Run ``framebatch`` as a user would (a subprocess) on a config written for the test."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+import yaml
+
+from streams.keys import StreamKeys
+from streams.messages import DetectionMessage
+
+
+@dataclass(frozen=True)
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    summary: dict[str, Any] | None
+
+
+def write_config(
+    path: Path,
+    *,
+    model: Path,
+    cameras: list[dict[str, Any]],
+    redis_url: str | None,
+    prefix: str = "fb",
+    max_batch_size: int = 8,
+    max_wait_ms: float = 50,
+    **sections: Any,
+) -> Path:
+    config: dict[str, Any] = {
+        "model": {"path": str(model), "threads": 2},
+        "batching": {"max_batch_size": max_batch_size, "max_wait_ms": max_wait_ms},
+        "cameras": cameras,
+        "redis": {"prefix": prefix, **({"url": redis_url} if redis_url else {})},
+        **sections,
+    }
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def framebatch(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def run_until_done(config: Path, timeout: float = 900) -> CliResult:
+    summary_path = config.with_suffix(".summary.json")
+    proc = framebatch(
+        "run", str(config), "--until-done", "--summary-json", str(summary_path), timeout=timeout
+    )
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+    return CliResult(proc.returncode, proc.stdout, proc.stderr, summary)
+
+
+def published(client: redis.Redis, prefix: str, camera: str) -> list[DetectionMessage]:
+    """Every detection message of a camera, in stream order."""
+    entries = client.xrange(StreamKeys(prefix).detections(camera))
+    return [DetectionMessage.from_fields(fields) for _id, fields in entries]

@@ -1,0 +1,194 @@
+"""End to end on real parts: ``framebatch run --until-done`` over the four shared clips.
+
+One replay (four cameras, max batch 8, real redis-server, real PyAV decode, real model) is
+checked for parity with the model run frame by frame, for the reference detections, for
+accounting, and for cross-camera batching.
+"""
+
+from __future__ import annotations
+
+import json
+
+import av
+import pytest
+
+from detectors.detector import Detector
+from detectors.postprocess import Thresholds
+from detectors.registry import load_backend
+from tests.conftest import MODEL, REFERENCE, VIDEOS
+from tests.integration.matching import unmatched
+from tests.integration.runner import published, run_until_done, write_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+CLIPS = {
+    "street": "street_night_1920x1080_3fps.mp4",
+    "hw540": "highway_traffic_960x540_30fps.mp4",
+    "hw1080": "highway_traffic_1920x1080_30fps_20frames.mp4",
+    "indoor": "indoor_person_768x432_10fps.mp4",
+}
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict:
+    return json.loads(REFERENCE.read_text())["clips"]
+
+
+@pytest.fixture(scope="module")
+def replay(assets, redis_url, redis_client_module, tmp_path_factory):
+    """One replay of all four clips as four cameras; returns (result, messages per camera)."""
+    prefix = "replay"
+    config = write_config(
+        tmp_path_factory.mktemp("replay") / "replay.yaml",
+        model=MODEL,
+        cameras=[{"id": cam, "url": str(VIDEOS / clip)} for cam, clip in CLIPS.items()],
+        redis_url=redis_url,
+        prefix=prefix,
+        max_batch_size=8,
+    )
+    result = run_until_done(config)
+    assert result.returncode == 0, result.stderr
+    return result, {cam: published(redis_client_module, prefix, cam) for cam in CLIPS}
+
+
+@pytest.fixture(scope="module")
+def frame_by_frame(assets) -> dict[str, list]:
+    """The model run on every frame alone (batch 1), decoding with plain PyAV."""
+    detector = Detector(load_backend(MODEL, threads=2), thresholds=Thresholds())
+    results = {}
+    for cam, clip in CLIPS.items():
+        with av.open(str(VIDEOS / clip)) as container:
+            frames = (f.to_ndarray(format="bgr24") for f in container.decode(video=0))
+            results[cam] = [detector.detect_frames([frame])[0] for frame in frames]
+    detector.close()
+    return results
+
+
+def labeled(message) -> list:
+    return [(d.box, d.class_id) for d in message.detections]
+
+
+def test_every_frame_has_exactly_one_message_and_nothing_drops(replay, reference):
+    result, messages = replay
+    for cam, clip in CLIPS.items():
+        seqs = [m.seq for m in messages[cam]]
+        assert seqs == list(range(reference[clip]["decoded_frames"])), cam
+    assert result.summary["dropped"] == {}
+    assert result.summary["processed"] == sum(r["decoded_frames"] for r in reference.values())
+
+
+def test_detections_equal_the_model_run_frame_by_frame(replay, frame_by_frame):
+    _, messages = replay
+    problems = []
+    for cam in CLIPS:
+        assert len(messages[cam]) == len(frame_by_frame[cam]), cam
+        for message, alone in zip(messages[cam], frame_by_frame[cam], strict=True):
+            expected = [
+                (tuple(map(float, b)), int(c))
+                for b, c in zip(alone.boxes, alone.class_ids, strict=True)
+            ]
+            problems += [
+                f"{cam} seq {message.seq}: {p}" for p in unmatched(expected, labeled(message))
+            ]
+    assert problems == []
+
+
+def test_reproduces_the_shared_reference_detections(replay, reference):
+    _, messages = replay
+    problems = []
+    for cam, clip in CLIPS.items():
+        for frame, expected in reference[clip]["frames"].items():
+            message = messages[cam][int(frame)]
+            assert (
+                message.width == reference[clip]["width"]
+                and message.height == reference[clip]["height"]
+            )
+            want = [(tuple(d["xyxy"]), d["cls"]) for d in expected]
+            problems += [f"{cam} frame {frame}: {p}" for p in unmatched(want, labeled(message))]
+            scores = sorted(d.score for d in message.detections)
+            assert scores == pytest.approx(sorted(d["score"] for d in expected), abs=1e-3)
+            assert sorted(d.label for d in message.detections) == sorted(
+                d["name"] for d in expected
+            )
+    assert problems == []
+
+
+def test_frames_from_different_cameras_share_batches(replay):
+    result, messages = replay
+    assert result.summary["mean_batch_size"] > 1
+    batches: dict[int, set[str]] = {}
+    for cam, msgs in messages.items():
+        for m in msgs:
+            batches.setdefault(m.batch_id, set()).add(cam)
+            assert 1 <= m.batch_size <= 8
+    assert any(len(cams) > 1 for cams in batches.values())
+
+
+def test_wire_contract_fields(replay):
+    _, messages = replay
+    message = messages["hw540"][100]
+    line = message.to_json()
+    for key in (
+        "camera",
+        "seq",
+        "pts",
+        "width",
+        "height",
+        "batch_size",
+        "detections",
+        "timestamps",
+        "schema",
+    ):
+        assert key in line
+    stamps = line["timestamps"]
+    assert (
+        stamps["captured"]
+        <= stamps["enqueued"]
+        <= stamps["batched"]
+        <= stamps["inferred"]
+        <= stamps["published"]
+    )
+    assert line["pts"] == pytest.approx(100 / 29.97, abs=0.01)
+    assert set(line["detections"][0]) == {"box", "score", "class_id", "label"}
+
+
+def test_summary_reports_the_run(replay):
+    result, _ = replay
+    out = result.stdout
+    for text in (
+        "frames processed",
+        "dropped none",
+        "mean batch size",
+        "throughput",
+        "p50",
+        "p90",
+        "p99",
+    ):
+        assert text in out
+    assert result.summary["latency_p99_s"] >= result.summary["latency_p50_s"] > 0
+
+
+@pytest.mark.parametrize("max_batch_size", [1, 16])
+def test_batching_never_changes_results(
+    assets, redis_url, redis_client, tmp_path, max_batch_size, request
+):
+    """The short clips with max batch 1 and 16: detections identical to the max-batch-8 replay."""
+    short = {cam: CLIPS[cam] for cam in ("street", "hw1080", "hw540")}
+    prefix = f"invariance{max_batch_size}"
+    config = write_config(
+        tmp_path / "c.yaml",
+        model=MODEL,
+        cameras=[{"id": cam, "url": str(VIDEOS / clip)} for cam, clip in short.items()],
+        redis_url=redis_url,
+        prefix=prefix,
+        max_batch_size=max_batch_size,
+    )
+    result = run_until_done(config)
+    assert result.returncode == 0, result.stderr
+    _, baseline = request.getfixturevalue("replay")
+    for cam in short:
+        got = published(redis_client, prefix, cam)
+        assert max(m.batch_size for m in got) <= max_batch_size
+        assert [m.to_json()["detections"] for m in got] == [
+            m.to_json()["detections"] for m in baseline[cam]
+        ]
