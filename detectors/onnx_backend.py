@@ -40,6 +40,9 @@ class OnnxRuntimeBackend:
                 "onnxruntime is not installed: pip install onnxruntime"
             ) from exc
         options = ort.SessionOptions()
+        # Spinning workers burn the cores the decoders and the batcher need (measured: ~17 %
+        # slower inference inside the pipeline with spinning on); block instead.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if threads is not None:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
@@ -67,9 +70,11 @@ class OnnxRuntimeBackend:
         )
 
     def prepare(self, images: np.ndarray) -> np.ndarray:
-        """uint8 NHWC BGR -> float32 NCHW RGB in [0, 1]."""
-        tensor = images[..., ::-1].transpose(0, 3, 1, 2).astype(np.float32)
-        np.divide(tensor, 255.0, out=tensor)
+        """uint8 NHWC BGR -> float32 NCHW RGB in [0, 1] (a new array: it crosses threads)."""
+        batch, height, width, _ = images.shape
+        tensor = np.empty((batch, 3, height, width), np.float32)
+        for channel in range(3):  # per-channel writes: half the cost of one strided astype
+            np.divide(images[..., 2 - channel], 255.0, out=tensor[:, channel], dtype=np.float32)
         return tensor
 
     def infer(self, prepared: np.ndarray) -> np.ndarray:

@@ -19,8 +19,9 @@ LATENCY_SAMPLES = 200_000  # bounded memory in a long-running daemon
 
 @dataclass
 class _CameraState:
-    last_seq: int = -1
-    decoded: int = 0  # highest seq + 1 seen, or the end marker's count
+    last_seq: int = -1  # in the current decoder session
+    earlier_sessions: int = 0  # frames decoded by sessions that ended or restarted
+    decoded: int = 0
     received: int = 0
     processed: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
@@ -48,19 +49,26 @@ class Accounting:
     def on_received(self, camera: str, seq: int) -> None:
         with self._lock:
             state = self._state(camera)
+            # seq went back (to 0, or below the last one): a restarted decoder's new session;
+            # the same non-zero seq again is a redelivery, neither a restart nor a drop
+            if seq < state.last_seq or (seq == 0 and state.last_seq >= 0):
+                state.earlier_sessions += state.last_seq + 1
+                state.last_seq = -1
             if seq > state.last_seq + 1:
                 state.dropped["overflow"] += seq - state.last_seq - 1
-            # seq restarting at 0 means a new decoder session (a restarted worker): continue from it
             state.last_seq = seq
-            state.decoded = max(state.decoded, seq + 1)
+            state.decoded = state.earlier_sessions + seq + 1
             state.received += 1
 
     def on_end(self, camera: str, frames: int, reason: str, error: str, decode_errors: int) -> None:
         with self._lock:
             state = self._state(camera)
-            if frames > state.last_seq + 1:
+            if frames > state.last_seq + 1:  # the newest frames were trimmed before we read them
                 state.dropped["overflow"] += frames - state.last_seq - 1
-                state.decoded = max(state.decoded, frames)
+            session = max(frames, state.last_seq + 1)
+            state.earlier_sessions += session
+            state.decoded = state.earlier_sessions
+            state.last_seq = -1
             if decode_errors:
                 state.dropped["decode_error"] += decode_errors
             state.ended, state.end_reason, state.end_error = True, reason, error

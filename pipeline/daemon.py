@@ -19,6 +19,7 @@ import redis
 
 from detectors.detector import Detector
 from detectors.postprocess import Thresholds
+from detectors.preprocess import Letterbox
 from detectors.registry import load_backend
 from pipeline.accounting import Accounting
 from pipeline.batch_worker import BatchWorker
@@ -36,6 +37,29 @@ log = logging.getLogger(__name__)
 SUPERVISE_TICK_S = 0.2
 DECODER_JOIN_S = 5.0
 RESTART_BACKOFF_MAX_S = 30.0
+
+
+def load_detector(config: Config) -> Detector:
+    """The detector a run uses: the configured backend, thresholds, and warm-up of the sizes."""
+    model = config.model
+    backend = load_backend(model.path, model.backend, imgsz=model.imgsz, threads=model.threads)
+    classes = tuple(model.classes) if model.classes is not None else None
+    detector = Detector(
+        backend,
+        thresholds=Thresholds(
+            conf=model.conf, iou=model.iou, max_det=model.max_det, classes=classes
+        ),
+    )
+    expected = Letterbox(model.imgsz, model.imgsz)
+    if detector.letterbox() != expected:
+        detector.close()
+        info = detector.info
+        raise ValueError(
+            f"model.imgsz is {model.imgsz} but {model.path.name} takes "
+            f"{info.input_width}x{info.input_height} images: set model.imgsz to match"
+        )
+    backend.warmup(sorted({1, config.batching.max_batch_size}))
+    return detector
 
 
 def decoder_spec(camera: CameraConfig, *, default_backlog: int, until_done: bool) -> DecoderSpec:
@@ -89,6 +113,8 @@ class Pipeline:
     until_done: bool = False
     on_event: Callable[[dict[str, str]], None] = lambda event: None
     stop: threading.Event = field(default_factory=threading.Event)
+    # how the detector is built; the bench passes one that also times each stage
+    detector_factory: Callable[[Config], Detector] = load_detector
     redis_url: str = ""
 
     def run(self) -> RunSummary:
@@ -98,9 +124,15 @@ class Pipeline:
             client = redis.Redis.from_url(self.redis_url)
             stack.callback(client.close)
             keys = StreamKeys(self.config.redis.prefix)
-            detector = self._load_detector()
-            stack.callback(detector.close)
             self._prepare_streams(client, keys)
+            # Decoders start first: their start-up overlaps the model load and warm-up.
+            decoders_stop = multiprocessing.get_context("spawn").Event()
+            letterbox = Letterbox(self.config.model.imgsz, self.config.model.imgsz)
+            self._spawn_args = (letterbox, keys, decoders_stop)
+            decoders = self._start_decoders(letterbox, keys, decoders_stop)
+            stack.callback(self._stop_decoders, decoders, decoders_stop)
+            detector = self.detector_factory(self.config)
+            stack.callback(detector.close)
             accounting = Accounting([camera.id for camera in self.config.cameras])
             worker = BatchWorker(
                 redis_client=client,
@@ -115,10 +147,6 @@ class Pipeline:
                 detections_maxlen=self.config.redis.detections_maxlen,
                 until_done=self.until_done,
             )
-            decoders_stop = multiprocessing.get_context("spawn").Event()
-            self._spawn_args = (detector, keys, decoders_stop)
-            decoders = self._start_decoders(detector, keys, decoders_stop)
-            stack.callback(self._stop_decoders, decoders, decoders_stop)
             batcher_stop = threading.Event()
             batcher_error: list[BaseException] = []
             batcher = threading.Thread(
@@ -138,21 +166,6 @@ class Pipeline:
             return accounting.summary()
 
     # --- building -----------------------------------------------------------------------------
-    def _load_detector(self) -> Detector:
-        model = self.config.model
-        backend = load_backend(model.path, model.backend, imgsz=model.imgsz, threads=model.threads)
-        detector = Detector(
-            backend,
-            thresholds=Thresholds(
-                conf=model.conf,
-                iou=model.iou,
-                max_det=model.max_det,
-                classes=tuple(model.classes) if model.classes is not None else None,
-            ),
-        )
-        backend.warmup(sorted({1, self.config.batching.max_batch_size}))
-        return detector
-
     def _prepare_streams(self, client: redis.Redis, keys: StreamKeys) -> None:
         for camera in self.config.cameras:
             key = keys.frames(camera.id)
@@ -166,20 +179,20 @@ class Pipeline:
                     raise
 
     def _start_decoders(
-        self, detector: Detector, keys: StreamKeys, stop: multiprocessing.synchronize.Event
+        self, letterbox: Letterbox, keys: StreamKeys, stop: multiprocessing.synchronize.Event
     ) -> list[_Decoder]:
         decoders = []
         for camera in self.config.cameras:
             spec = decoder_spec(
                 camera, default_backlog=self.config.redis.frames_maxlen, until_done=self.until_done
             )
-            decoders.append(_Decoder(spec, self._spawn(spec, detector, keys, stop)))
+            decoders.append(_Decoder(spec, self._spawn(spec, letterbox, keys, stop)))
         return decoders
 
-    def _spawn(self, spec, detector, keys, stop) -> multiprocessing.process.BaseProcess:
+    def _spawn(self, spec, letterbox, keys, stop) -> multiprocessing.process.BaseProcess:
         process = multiprocessing.get_context("spawn").Process(
             target=run_decoder_process,
-            args=(spec, self.redis_url, keys.prefix, detector.letterbox(), stop),
+            args=(spec, self.redis_url, keys.prefix, letterbox, stop),
             name=f"fb-decoder-{spec.camera}",
             daemon=True,
         )

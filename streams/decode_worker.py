@@ -23,7 +23,7 @@ from streams.messages import EndOfStream, FrameMessage
 from streams.sources import SourceError, VideoSource
 from streams.urls import redact_url
 
-BACKPRESSURE_POLL_S = 0.005
+BACKPRESSURE_POLL_S = 0.02  # a full backlog lasts seconds; polling faster only burns CPU
 
 
 class StopSignal(Protocol):
