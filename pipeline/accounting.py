@@ -24,17 +24,20 @@ class _CameraState:
     decoded: int = 0
     received: int = 0
     processed: int = 0
+    shed: int = 0  # received, then dropped by the batching policy
     dropped: Counter[str] = field(default_factory=Counter)
     ended: bool = False
     end_reason: str = ""
     end_error: str = ""
     latencies: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_SAMPLES))
+    queue_delays: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_SAMPLES))
 
 
 class Accounting:
     """Thread-safe counters for one run of the batcher."""
 
-    def __init__(self, cameras: list[str], clock=time.time):
+    def __init__(self, cameras: list[str], *, max_batch_size: int = 1, clock=time.time):
+        self._max_batch_size = max_batch_size
         self._lock = threading.Lock()
         self._clock = clock
         self._cameras = {camera: _CameraState() for camera in cameras}
@@ -73,18 +76,22 @@ class Accounting:
                 state.dropped["decode_error"] += decode_errors
             state.ended, state.end_reason, state.end_error = True, reason, error
 
-    def on_dropped(self, camera: str, cause: str, count: int = 1) -> None:
+    def on_shed(self, camera: str, cause: str) -> None:
+        """A received frame the batching policy dropped before inference."""
         with self._lock:
-            self._state(camera).dropped[cause] += count
+            state = self._state(camera)
+            state.dropped[cause] += 1
+            state.shed += 1
 
-    def on_published(self, batch: list[tuple[str, float]], published: float) -> None:
-        """A batch's frames are in Redis: ``(camera, latency_s)`` for each."""
+    def on_published(self, batch: list[tuple[str, float, float]], published: float) -> None:
+        """A batch's frames are in Redis: ``(camera, latency_s, queue_delay_s)`` for each."""
         with self._lock:
             self._batch_sizes[len(batch)] += 1
-            for camera, latency in batch:
+            for camera, latency, queue_delay in batch:
                 state = self._state(camera)
                 state.processed += 1
                 state.latencies.append(latency)
+                state.queue_delays.append(queue_delay)
             if self._first_published is None:
                 self._first_published = published
             self._last_published = published
@@ -93,7 +100,7 @@ class Accounting:
         """Frames received and not yet published (nor dropped after receipt)."""
         with self._lock:
             state = self._state(camera)
-            return state.received - state.processed - state.dropped["stale"]
+            return state.received - state.processed - state.shed
 
     def ended(self, cameras: list[str]) -> bool:
         """Whether each of these cameras has sent its end-of-stream entry."""
@@ -108,7 +115,7 @@ class Accounting:
         """Every camera ended and every frame it delivered is published."""
         with self._lock:
             return all(
-                state.ended and state.received == state.processed + state.dropped["stale"]
+                state.ended and state.received == state.processed + state.shed
                 for state in self._cameras.values()
             )
 
@@ -117,9 +124,11 @@ class Accounting:
             finished = self._clock()
             cameras = []
             all_latencies: list[float] = []
+            all_delays: list[float] = []
             for camera, state in sorted(self._cameras.items()):
                 latencies = sorted(state.latencies)
                 all_latencies.extend(latencies)
+                all_delays.extend(state.queue_delays)
                 cameras.append(
                     CameraSummary(
                         camera=camera,
@@ -133,6 +142,7 @@ class Accounting:
                     )
                 )
             all_latencies.sort()
+            all_delays.sort()
             batches = sum(self._batch_sizes.values())
             frames = sum(size * count for size, count in self._batch_sizes.items())
             return RunSummary(
@@ -140,6 +150,9 @@ class Accounting:
                 batches=batches,
                 batch_sizes=dict(sorted(self._batch_sizes.items())),
                 mean_batch_size=frames / batches if batches else 0.0,
+                batch_fill_ratio=frames / batches / self._max_batch_size if batches else 0.0,
+                queue_delay_p50_s=percentile(all_delays, 50),
+                queue_delay_p99_s=percentile(all_delays, 99),
                 wall_s=finished - self._started,
                 processing_s=(self._last_published or finished)
                 - (self._first_published or finished),

@@ -29,7 +29,7 @@ from detectors.detector import Detector
 from detectors.postprocess import ImageDetections
 from detectors.preprocess import LetterboxGeometry
 from pipeline.accounting import Accounting
-from pipeline.batching import Queued, TimeoutBatchPolicy
+from pipeline.batching import BatchPolicy, Dropped, Queued
 from streams.keys import FRAMES_GROUP, StreamKeys
 from streams.messages import (
     Detection,
@@ -81,7 +81,7 @@ class BatchWorker:
         keys: StreamKeys,
         cameras: list[str],
         detector: Detector,
-        policy: TimeoutBatchPolicy[PendingFrame],
+        policy: BatchPolicy[PendingFrame],
         accounting: Accounting,
         detections_maxlen: int,
         until_done: bool,
@@ -102,6 +102,10 @@ class BatchWorker:
         self._to_infer: queue.Queue[Any] = queue.Queue(maxsize=1)
         self._to_publish: queue.Queue[Any] = queue.Queue(maxsize=1)
         self._failure: BaseException | None = None
+        # (batch size, seconds) of finished inferences, handed from the inference thread to the
+        # reader, which alone touches the policy
+        self._service_times: queue.SimpleQueue[tuple[int, float]] = queue.SimpleQueue()
+        self._slot_freed = threading.Event()  # the inference thread took the prepared batch
         # Start with this consumer's own pending entries (left by a crash), then new ones.
         self._read_ids = {keys.frames(camera): "0" for camera in cameras}
 
@@ -125,20 +129,40 @@ class BatchWorker:
 
     def _read_loop(self, stop: threading.Event) -> None:
         policy = self._policy
-        while not stop.is_set() and self._failure is None:
-            ended = self._until_done and self._accounting.all_ended()
-            if ended and policy.waiting == 0:
+        while self._failure is None:
+            while not self._service_times.empty():
+                policy.observe(*self._service_times.get())
+            if stop.is_set() or (self._until_done and self._accounting.all_ended()):
+                # stopping, or nothing more can arrive: what was read is in flight, finish it
+                for batch in policy.flush():
+                    self._dispatch(batch)
                 return
             now = self._clock()
-            if policy.ready(now) or (ended and policy.waiting):
-                self._dispatch(policy.take())
+            idle = self._to_infer.empty()  # the detector can take the next batch
+            decision = policy.poll(now, idle=idle)
+            self._drop(decision.dropped)
+            if decision.batch:
+                self._dispatch(decision.batch)
                 continue
-            deadline = policy.next_deadline()
-            block_s = IDLE_BLOCK_MS / 1000 if deadline is None else max(deadline - now, 0.001)
-            room = max(policy.max_batch_size - policy.waiting, 1)
-            self._read(count=room, block_ms=max(1, int(block_s * 1000)))
+            wake_at = decision.wake_at
+            block_s = IDLE_BLOCK_MS / 1000 if wake_at is None else max(wake_at - now, 0.001)
+            if policy.waiting and not idle:
+                # a batch waits for the detector: sleep until it takes the prepared one, then
+                # read whatever arrived meanwhile without blocking
+                self._slot_freed.wait(block_s)
+                self._slot_freed.clear()
+                block_ms = None
+            else:
+                block_ms = max(1, int(block_s * 1000))
+            # COUNT applies per stream: read only what cannot overflow the policy's queues
+            per_stream = (policy.queues.max_waiting - policy.waiting) // len(self._read_ids)
+            if per_stream >= 1:
+                self._read(count=per_stream, block_ms=block_ms)
+            elif block_ms is not None:
+                stop.wait(block_s)  # full and idle: only a policy that waits on the clock
 
-    def _read(self, *, count: int, block_ms: int) -> None:
+    def _read(self, *, count: int, block_ms: int | None) -> None:
+        """XREADGROUP over every camera; ``block_ms=None`` returns at once."""
         reply = self._redis.xreadgroup(
             FRAMES_GROUP, self._consumer, self._read_ids, count=count, block=block_ms
         )
@@ -164,7 +188,20 @@ class BatchWorker:
             return
         frame = FrameMessage.from_fields(fields)
         self._accounting.on_received(frame.camera, frame.seq)
-        self._policy.add(frame.camera, PendingFrame(entry_id, frame), self._clock())
+        pending = PendingFrame(entry_id, frame)
+        self._drop(
+            self._policy.add(frame.camera, frame.seq, frame.captured, pending, self._clock())
+        )
+
+    def _drop(self, dropped: list[Dropped[PendingFrame]]) -> None:
+        """Frames the policy shed (stale, superseded, overflow): counted, acknowledged, deleted."""
+        if not dropped:
+            return
+        pipe = self._redis.pipeline(transaction=False)
+        for d in dropped:
+            self._accounting.on_shed(d.frame.camera, d.cause)
+            self._ack_and_delete(pipe, self._keys.frames(d.frame.camera), [d.frame.item.entry_id])
+        pipe.execute()
 
     def _dispatch(self, frames: list[Queued[PendingFrame]]) -> None:
         batched = self._clock()
@@ -192,7 +229,10 @@ class BatchWorker:
     def _infer_loop(self) -> None:
         try:
             while (item := self._to_infer.get()) is not _DONE:
+                self._slot_freed.set()
+                started = time.perf_counter()
                 raw = self._detector.infer(item.tensor)
+                self._service_times.put((len(item.frames), time.perf_counter() - started))
                 self._put(self._to_publish, InferredBatch(item, raw, self._clock()))
         finally:
             self._put(self._to_publish, _DONE)
@@ -223,8 +263,10 @@ class BatchWorker:
             for key, ids in by_stream.items():
                 self._ack_and_delete(pipe, key, ids)
             pipe.execute()
+            batched = item.prepared.batched
             self._accounting.on_published(
-                [(m.camera, published - m.captured) for m in messages], published
+                [(m.camera, published - m.captured, batched - m.enqueued) for m in messages],
+                published,
             )
 
     def _detection_message(

@@ -1,4 +1,4 @@
-"""``framebatch`` command line: run, consume, check-config, bench."""
+"""``framebatch`` command line: run, consume, check-config, bench, simulate."""
 
 from __future__ import annotations
 
@@ -122,6 +122,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return run_bench(args)
 
 
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from pipeline.simulate_sweep import run_simulate
+
+    return run_simulate(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="framebatch", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -167,6 +173,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--output", metavar="PATH", help="write the figures as JSON")
     bench.set_defaults(handler=cmd_bench)
+
+    simulate = commands.add_parser(
+        "simulate", help="sweep the batching policies over simulated cameras (no Redis, no model)"
+    )
+    simulate.add_argument(
+        "--profile",
+        choices=["all", "cpu_ort_2core", "gpu_a100_trt_model"],
+        default="all",
+        help="detector service-time profile (default: %(default)s)",
+    )
+    simulate.add_argument("--quick", action="store_true", help="a small sweep (under a minute)")
+    simulate.add_argument(
+        "--out", default="docs/img", help="folder for the CSV and PNG plots (default: %(default)s)"
+    )
+    simulate.add_argument(
+        "--seconds", type=float, help="simulated seconds per point at most (default 60; quick 30)"
+    )
+    simulate.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    simulate.add_argument("--jobs", type=int, help="processes (default: one per CPU)")
+    simulate.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    simulate.add_argument(
+        "--decisions-bench",
+        action="store_true",
+        help="only time the policy's decisions for 100-1000 cameras at 30 fps",
+    )
+    simulate.set_defaults(handler=cmd_simulate)
     return parser
 
 

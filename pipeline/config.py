@@ -7,13 +7,11 @@ config file's folder (passed as validation context ``base_dir``) but never check
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
-import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal
 from urllib.parse import unquote
 
 import yaml
@@ -26,50 +24,23 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from pipeline.config_errors import ConfigError, Problem, fail, fail_at, format_validation_errors
+from pipeline.config_yaml import StrictLoader, interpolate
 from streams.urls import is_live_url, redact_url, url_scheme
+
+__all__ = ["Config", "ConfigError", "format_validation_errors", "load_config", "parse_config"]
 
 #: Model file suffix -> backend name used by ``backend: auto``.
 MODEL_SUFFIXES: dict[str, str] = {".onnx": "onnxruntime"}
 #: URL schemes a camera may use; anything without ``scheme://`` is a file path.
 CAMERA_SCHEMES = ("rtsp", "rtsps")
-#: Schemes of live (real-time, not seekable) sources.
 
 _KEY_PART = re.compile(r"[A-Za-z0-9_.-]+")
-_ENV_REF = re.compile(r"\$\$\{|\$\{([^}]*)\}|\$\{")
-_ENV_BODY = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?", re.DOTALL)
 _MODEL_CONFIG = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 ClassIds = Annotated[list[Annotated[int, Field(ge=0, le=999)]], Field(min_length=1)]
-Problem = tuple[tuple[str | int, ...], str, Any]  # (loc below the model, message, input)
-
-
-class ConfigError(Exception):
-    """An invalid config: ``errors`` holds one ``dotted.path: message`` line per problem."""
-
-    def __init__(self, errors: Sequence[str], source: str = "<config>") -> None:
-        self.errors = list(errors)
-        self.source = source
-        super().__init__(self.errors, source)  # args that rebuild it, so it pickles
-
-    def __str__(self) -> str:
-        count = f"{len(self.errors)} error" + ("s" if len(self.errors) != 1 else "")
-        return "\n".join(
-            [f"invalid config {self.source} ({count}):"] + [f"  - {e}" for e in self.errors]
-        )
-
-
-def _fail(message: str) -> PydanticCustomError:
-    """A validation error whose message is shown as is (no "Value error, " prefix)."""
-    return PydanticCustomError("config", "{message}", {"message": message})
-
-
-def _fail_at(title: str, problems: Sequence[Problem]) -> ValidationError:
-    """Errors at sub-locations of the model being validated (pydantic keeps their ``loc``)."""
-    details = [InitErrorDetails(type=_fail(m), loc=loc, input=v) for loc, m, v in problems]
-    return ValidationError.from_exception_data(title, details)
 
 
 def _resolve(path: Path, info: ValidationInfo) -> Path:
@@ -80,7 +51,7 @@ def _resolve(path: Path, info: ValidationInfo) -> Path:
 
 def _key_part(value: str, what: str, max_len: int) -> str:
     if len(value) > max_len or not _KEY_PART.fullmatch(value):
-        raise _fail(
+        raise fail(
             f"invalid {what} {value!r}: use 1-{max_len} letters, digits, '_', '.' or '-' "
             "(it becomes part of Redis keys)"
         )
@@ -120,7 +91,7 @@ class ModelConfig(BaseModel):
     def _check_path(cls, path: Path, info: ValidationInfo) -> Path:
         if path.suffix.lower() not in MODEL_SUFFIXES:
             supported = ", ".join(MODEL_SUFFIXES)
-            raise _fail(f"unsupported model file {path.name!r} (supported suffixes: {supported})")
+            raise fail(f"unsupported model file {path.name!r} (supported suffixes: {supported})")
         return _resolve(path, info)
 
 
@@ -128,8 +99,43 @@ class BatchingConfig(BaseModel):
     """How frames of all cameras are grouped into one inference batch."""
 
     model_config = _MODEL_CONFIG
+    policy: Literal["adaptive", "timeout", "aimd", "static", "batch1"] = Field(
+        "adaptive", description="When to dispatch a batch (see docs/batching.md)"
+    )
     max_batch_size: int = Field(8, ge=1, le=256, description="Most frames per inference batch")
-    max_wait_ms: Finite = Field(50.0, ge=0, description="Longest wait for a batch to fill, in ms")
+    max_wait_ms: Finite = Field(
+        50.0,
+        ge=0,
+        description="Cap of every frame's wait for a batch, in ms (the timeout policy's timeout)",
+    )
+    max_wait_frames: Finite | None = Field(
+        2.0, gt=0, description="Wait window in frame intervals of each camera's measured rate"
+    )
+    preferred_batch_sizes: list[int] = Field(
+        default_factory=list,
+        description="Sizes to dispatch at when a larger one cannot fill in time",
+    )
+    max_queue_frames: int | None = Field(
+        None,
+        ge=1,
+        description="Frames held for batching, then the lowest priority drops (4 x max batch)",
+    )
+    max_frame_age_ms: Finite | None = Field(
+        None, gt=0, description="Default freshness deadline of live cameras' frames, from capture"
+    )
+    target_utilisation: Finite = Field(
+        0.85, gt=0, le=1, description="adaptive: the detector load it batches for"
+    )
+    latency_target_ms: Finite = Field(200.0, gt=0, description="aimd: the latency its steps aim at")
+
+    @field_validator("preferred_batch_sizes")
+    @classmethod
+    def _check_preferred(cls, sizes: list[int], info: ValidationInfo) -> list[int]:
+        largest = info.data.get("max_batch_size", 256)
+        bad = [size for size in sizes if not 1 <= size <= largest]
+        if bad:
+            raise fail(f"sizes must be within 1..max_batch_size ({largest}); got {bad}")
+        return sorted(set(sizes))
 
 
 class CameraConfig(BaseModel):
@@ -142,6 +148,17 @@ class CameraConfig(BaseModel):
     loop: bool = Field(False, description="Restart a file at its end (files only)")
     fps: Finite | None = Field(None, gt=0, description="Override of the pacing / frame rate")
     max_backlog: int | None = Field(None, ge=1, description="Frames queued before drop or block")
+    priority: int = Field(
+        0, ge=0, le=9, description="Priority level; 0 is served first and shed last"
+    )
+    max_wait_frames: Finite | None = Field(
+        None, gt=0, description="Overrides batching.max_wait_frames"
+    )
+    max_wait_ms: Finite | None = Field(None, ge=0, description="Overrides batching.max_wait_ms")
+    max_frame_age_ms: Finite | None = Field(
+        None, gt=0, description="Freshness deadline from capture; later frames drop as stale"
+    )
+    keep_latest: bool = Field(False, description="Only the newest frame matters; older ones drop")
 
     @field_validator("id")
     @classmethod
@@ -158,19 +175,19 @@ class CameraConfig(BaseModel):
             rest = url[len("file://") :]
             url = unquote(rest[len("localhost") :] if rest.startswith("localhost/") else rest)
         elif scheme is not None:
-            raise _fail(
+            raise fail(
                 f"unsupported URL scheme {scheme!r} in {redact_url(url)!r} "
                 "(expected rtsp://, rtsps:// or a file path)"
             )
         if not url.strip():
-            raise _fail("must not be empty")
+            raise fail("must not be empty")
         return str(_resolve(Path(url), info))
 
     @model_validator(mode="after")
     def _check_loop(self) -> CameraConfig:
         if self.loop and self.is_live:
             message = f"loop is only for files; {redact_url(self.url)!r} is a live source"
-            raise _fail_at(type(self).__name__, [(("loop",), message, True)])
+            raise fail_at(type(self).__name__, [(("loop",), message, True)])
         return self
 
     @property
@@ -201,7 +218,7 @@ class Config(BaseModel):
                 message = f"must be <= redis.frames_maxlen ({self.redis.frames_maxlen})"
                 problems.append((("cameras", index, "max_backlog"), message, camera.max_backlog))
         if problems:
-            raise _fail_at(type(self).__name__, problems)
+            raise fail_at(type(self).__name__, problems)
         return self
 
     def camera(self, camera_id: str) -> CameraConfig:
@@ -213,157 +230,7 @@ class Config(BaseModel):
         raise KeyError(f"unknown camera id {camera_id!r} (configured: {known})")
 
 
-# ---------------------------------------------------------------------------- error formatting
-
-_MESSAGES = {
-    "missing": "required",
-    "greater_than": "must be > {gt}",
-    "greater_than_equal": "must be >= {ge}",
-    "less_than": "must be < {lt}",
-    "less_than_equal": "must be <= {le}",
-    "multiple_of": "must be a multiple of {multiple_of}",
-    "literal_error": "must be {expected}",
-    "model_type": "must be a mapping",
-    "dict_type": "must be a mapping",
-    "list_type": "must be a list",
-    "path_type": "must be a file path",
-    "string_type": "must be a string",
-    "int_type": "must be an integer",
-    "int_parsing": "must be an integer",
-    "int_from_float": "must be a whole number",
-    "float_type": "must be a number",
-    "float_parsing": "must be a number",
-    "bool_type": "must be true or false",
-    "bool_parsing": "must be true or false",
-    "finite_number": "must be a finite number",
-}
-_NUMERIC = {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "multiple_of"}
-_NUMERIC |= {"int_from_float", "finite_number"}  # errors whose input is a number, safe to echo
-_YAML_TYPES = {type(None): "null", dict: "mapping", str: "string", list: "list"}
-
-
-def _dotted(loc: Sequence[str | int]) -> str:
-    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
-
-
-def _line(loc: Sequence[str | int], message: str) -> str:
-    return f"{_dotted(loc)}: {message}" if loc else message
-
-
-def _members(annotation: Any) -> list[Any]:
-    """The annotation itself, or the members of a union (``X | None``)."""
-    if get_origin(annotation) in (Union, types.UnionType):
-        return [m for arg in get_args(annotation) for m in _members(arg)]
-    return [annotation]
-
-
-def _model_at(root: Any, loc: Sequence[str | int]) -> type[BaseModel] | None:
-    """The model class found by walking ``loc`` through fields, list items and Optionals."""
-    annotation: Any = root
-    for part in loc:
-        if isinstance(part, int):
-            lists = [m for m in _members(annotation) if get_origin(m) is list]
-            annotation = get_args(lists[0])[0] if lists else None
-        else:
-            model = _model_at(annotation, ()) if annotation is not None else None
-            field = model.model_fields.get(part) if model else None
-            annotation = field.annotation if field else None
-    models = [m for m in _members(annotation) if isinstance(m, type) and issubclass(m, BaseModel)]
-    return models[0] if models else None
-
-
-def _unknown_key(root: type[BaseModel], loc: Sequence[str | int]) -> str:
-    *parent, key = loc
-    model = _model_at(root, parent)
-    names = list(model.model_fields) if model else []
-    where = "unknown key" if parent else "unknown top-level key"
-    close = difflib.get_close_matches(str(key), names, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else f" (expected one of: {', '.join(names)})"
-    return _line(parent, f"{where} {key!r}{hint}")
-
-
-def format_validation_errors(exc: ValidationError, model: type[BaseModel]) -> list[str]:
-    """One ``dotted.path: message`` line per error of ``exc`` raised while validating ``model``."""
-    lines = []
-    for error in exc.errors(include_url=False, include_input=True):
-        loc, kind, ctx = error["loc"], error["type"], error.get("ctx") or {}
-        if kind == "extra_forbidden":
-            lines.append(_unknown_key(model, loc))
-            continue
-        if kind == "too_short":
-            message = "must not be empty" if ctx.get("min_length") == 1 else "too few items"
-        elif kind in _MESSAGES:
-            message = _MESSAGES[kind].format(**ctx)
-        else:
-            message = str(error["msg"]).removeprefix("Value error, ")
-        value = error.get("input")
-        if kind in _NUMERIC and isinstance(value, int | float) and not isinstance(value, bool):
-            message += f" (got {value})"
-        elif kind.endswith("_type") or kind.endswith("_parsing"):
-            message += f" (got {_YAML_TYPES.get(type(value), type(value).__name__)})"
-        lines.append(_line(loc, message))
-    return lines
-
-
 # ---------------------------------------------------------------------------- loading
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that rejects a key repeated in one mapping (YAML silently keeps the last)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[tuple[str, str]] = set()
-        for key_node, _ in node.value:
-            if isinstance(key_node, yaml.ScalarNode) and not key_node.tag.endswith(":merge"):
-                key = (key_node.tag, key_node.value)
-                if key in seen:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {key_node.value!r}", key_node.start_mark
-                    )
-                seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def _substitute(text: str, environ: Mapping[str, str]) -> str:
-    """Expand ``${VAR}``, ``${VAR:-default}`` (default if unset or empty) and ``$${`` -> ``${``."""
-
-    def expand(match: re.Match[str]) -> str:
-        if match.group(0) == "$${":
-            return "${"
-        body = match.group(1)
-        ref = _ENV_BODY.fullmatch(body) if body is not None else None
-        if ref is None:
-            raise ValueError(
-                "malformed '${...}': use ${VAR} or ${VAR:-default} ('$${' for a literal '${')"
-            )
-        name, default = ref.groups()
-        value = environ.get(name)
-        if default is not None and not value:
-            return default
-        if value is None:
-            raise ValueError(
-                f"environment variable {name!r} is not set (set it or write ${{{name}:-default}})"
-            )
-        return value
-
-    return _ENV_REF.sub(expand, text)
-
-
-def _interpolate(
-    node: Any, environ: Mapping[str, str], loc: tuple[str | int, ...], errors: list[str]
-) -> Any:
-    """A copy of the parsed YAML ``node`` with variables expanded in every string value."""
-    if isinstance(node, str):
-        try:
-            return _substitute(node, environ)
-        except ValueError as exc:
-            errors.append(_line(loc, str(exc)))
-            return node
-    if isinstance(node, Mapping):
-        return {k: _interpolate(v, environ, (*loc, str(k)), errors) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_interpolate(v, environ, (*loc, i), errors) for i, v in enumerate(node)]
-    return node
 
 
 def parse_config(
@@ -378,7 +245,7 @@ def parse_config(
         got = "nothing (empty file)" if data is None else type(data).__name__
         raise ConfigError([f"the config must be a mapping of settings, got {got}"], source)
     errors: list[str] = []
-    data = _interpolate(data, os.environ if environ is None else environ, (), errors)
+    data = interpolate(data, os.environ if environ is None else environ, (), errors)
     if errors:
         raise ConfigError(errors, source)
     try:
@@ -397,7 +264,7 @@ def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError([f"cannot read file: {exc}"], str(path)) from None
     try:
-        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
+        data = yaml.load(text, Loader=StrictLoader)  # a SafeLoader subclass: no arbitrary objects
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

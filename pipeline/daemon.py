@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 
@@ -23,7 +24,7 @@ from detectors.preprocess import Letterbox
 from detectors.registry import load_backend
 from pipeline.accounting import Accounting
 from pipeline.batch_worker import BatchWorker
-from pipeline.batching import TimeoutBatchPolicy
+from pipeline.batching import BatchPolicy, CameraRules, make_policy
 from pipeline.config import CameraConfig, Config, ConfigError
 from pipeline.summary import RunSummary
 from streams.decode_worker import DecoderSpec, run_decoder_process
@@ -60,6 +61,39 @@ def load_detector(config: Config) -> Detector:
         )
     backend.warmup(sorted({1, config.batching.max_batch_size}))
     return detector
+
+
+def batching_policy(config: Config, *, until_done: bool) -> BatchPolicy[Any]:
+    """The configured policy, with each camera's rules (camera settings override batching's)."""
+    batching = config.batching
+
+    def rules(camera: CameraConfig) -> CameraRules:
+        # freshness only where frames may drop: never for backpressured file jobs
+        droppable = (
+            decoder_spec(camera, default_backlog=1, until_done=until_done).backpressure is False
+        )
+        max_age = camera.max_frame_age_ms or (batching.max_frame_age_ms if camera.is_live else None)
+        return CameraRules(
+            priority=camera.priority,
+            max_wait_frames=camera.max_wait_frames or batching.max_wait_frames,
+            max_wait_ms=batching.max_wait_ms if camera.max_wait_ms is None else camera.max_wait_ms,
+            max_frame_age_ms=max_age if droppable else None,
+            keep_latest=camera.keep_latest and droppable,
+            fps=camera.fps,
+        )
+
+    cameras = len(config.cameras)
+    return make_policy(
+        batching.policy,
+        max_batch_size=batching.max_batch_size,
+        max_wait_ms=batching.max_wait_ms,
+        preferred_batch_sizes=batching.preferred_batch_sizes,
+        # room for a read of one frame per camera on top of the batches being formed
+        max_queue_frames=batching.max_queue_frames or max(4 * batching.max_batch_size, 2 * cameras),
+        camera_rules={camera.id: rules(camera) for camera in config.cameras},
+        target_utilisation=batching.target_utilisation,
+        latency_target_ms=batching.latency_target_ms,
+    )
 
 
 def decoder_spec(camera: CameraConfig, *, default_backlog: int, until_done: bool) -> DecoderSpec:
@@ -125,6 +159,7 @@ class Pipeline:
             stack.callback(client.close)
             keys = StreamKeys(self.config.redis.prefix)
             self._prepare_streams(client, keys)
+            events_seen = EventLog(client, keys).last_id()  # report every event of this run
             # Decoders start first: their start-up overlaps the model load and warm-up.
             decoders_stop = multiprocessing.get_context("spawn").Event()
             letterbox = Letterbox(self.config.model.imgsz, self.config.model.imgsz)
@@ -133,16 +168,16 @@ class Pipeline:
             stack.callback(self._stop_decoders, decoders, decoders_stop)
             detector = self.detector_factory(self.config)
             stack.callback(detector.close)
-            accounting = Accounting([camera.id for camera in self.config.cameras])
+            accounting = Accounting(
+                [camera.id for camera in self.config.cameras],
+                max_batch_size=self.config.batching.max_batch_size,
+            )
             worker = BatchWorker(
                 redis_client=client,
                 keys=keys,
                 cameras=[camera.id for camera in self.config.cameras],
                 detector=detector,
-                policy=TimeoutBatchPolicy(
-                    max_batch_size=self.config.batching.max_batch_size,
-                    max_wait_s=self.config.batching.max_wait_ms / 1000,
-                ),
+                policy=batching_policy(self.config, until_done=self.until_done),
                 accounting=accounting,
                 detections_maxlen=self.config.redis.detections_maxlen,
                 until_done=self.until_done,
@@ -156,7 +191,9 @@ class Pipeline:
             )
             batcher.start()
             try:
-                self._supervise(client, keys, decoders, decoders_stop, batcher, accounting)
+                self._supervise(
+                    client, keys, decoders, decoders_stop, batcher, accounting, events_seen
+                )
             finally:
                 decoders_stop.set()
                 batcher_stop.set()
@@ -209,19 +246,25 @@ class Pipeline:
         except BaseException as exc:  # noqa: BLE001 - handed to the supervising thread
             errors.append(exc)
 
-    def _supervise(self, client, keys, decoders, decoders_stop, batcher, accounting) -> None:
+    def _supervise(
+        self, client, keys, decoders, decoders_stop, batcher, accounting, last_event
+    ) -> None:
         events = EventLog(client, keys)
-        last_event = events.last_id()
         file_cameras = [d.spec.camera for d in decoders if not d.spec.live]
         while batcher.is_alive() and not self.stop.wait(SUPERVISE_TICK_S):
-            for event_id, event in events.read_after(last_event):
-                last_event = event_id
-                self.on_event(event)
+            last_event = self._report_events(events, last_event)
             self._check_decoders(client, keys, decoders, decoders_stop)
             if self.until_done and accounting.ended(file_cameras):
                 decoders_stop.set()  # files are done: live cameras stop and end too
+        self._report_events(events, last_event)
         if self.stop.is_set():
             log.info("stopping: finishing the batch in flight")
+
+    def _report_events(self, events: EventLog, last_event: str) -> str:
+        for event_id, event in events.read_after(last_event):
+            last_event = event_id
+            self.on_event(event)
+        return last_event
 
     def _check_decoders(self, client, keys, decoders, decoders_stop) -> None:
         now = time.monotonic()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -12,7 +11,7 @@ def percentile(sorted_values: Sequence[float], q: float) -> float | None:
     """Nearest-rank percentile of already sorted values (None when empty)."""
     if not sorted_values:
         return None
-    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
+    rank = max(1, -(-q * len(sorted_values) // 100))  # ceil without float rounding
     return sorted_values[rank - 1]
 
 
@@ -34,6 +33,9 @@ class RunSummary:
     batches: int
     batch_sizes: dict[int, int]
     mean_batch_size: float
+    batch_fill_ratio: float  # mean batch size / max batch size
+    queue_delay_p50_s: float | None  # enqueued by the decoder -> dispatched in a batch
+    queue_delay_p99_s: float | None
     wall_s: float  # from the batcher's start to the summary
     processing_s: float  # from the first to the last published batch
     latency_p50_s: float | None
@@ -83,7 +85,10 @@ class RunSummary:
         )
         lines += [
             f"  frames processed {self.processed}, dropped {dropped_total}",
-            f"  batches {self.batches}, mean batch size {self.mean_batch_size:.2f}",
+            f"  batches {self.batches}, mean batch size {self.mean_batch_size:.2f} "
+            f"(fill {self.batch_fill_ratio:.0%}), sizes "
+            + " ".join(f"{size}x{count}" for size, count in self.batch_sizes.items()),
+            f"  queue delay p50 {ms(self.queue_delay_p50_s)}, p99 {ms(self.queue_delay_p99_s)}",
             f"  throughput {self.throughput_fps:.1f} frames/s over {self.wall_s:.1f} s",
             f"  end-to-end latency p50 {ms(self.latency_p50_s)}, p90 {ms(self.latency_p90_s)}, "
             f"p99 {ms(self.latency_p99_s)}",

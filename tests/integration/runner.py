@@ -33,11 +33,16 @@ def write_config(
     prefix: str = "fb",
     max_batch_size: int = 8,
     max_wait_ms: float = 50,
+    batching_extra: dict[str, Any] | None = None,
     **sections: Any,
 ) -> Path:
     config: dict[str, Any] = {
         "model": {"path": str(model), "threads": 2},
-        "batching": {"max_batch_size": max_batch_size, "max_wait_ms": max_wait_ms},
+        "batching": {
+            "max_batch_size": max_batch_size,
+            "max_wait_ms": max_wait_ms,
+            **(batching_extra or {}),
+        },
         "cameras": cameras,
         "redis": {"prefix": prefix, **({"url": redis_url} if redis_url else {})},
         **sections,

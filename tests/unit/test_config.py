@@ -272,7 +272,7 @@ INVALID = [
     (
         camera(url="rtsp://c/s", colour="red"),
         "cameras[0]: unknown key 'colour' (expected one of: id, url, realtime, loop, fps, "
-        "max_backlog)",
+        "max_backlog, priority, max_wait_frames, max_wait_ms, max_frame_age_ms, keep_latest)",
     ),
     # missing / empty / wrong shape
     (without(MINIMAL, "model"), "model: required"),

@@ -47,7 +47,7 @@ def reference_nms(boxes: np.ndarray, scores: np.ndarray, iou_threshold: float) -
     by more than the threshold (ties in score: lower index first)."""
     order = sorted(range(len(scores)), key=lambda i: -scores[i])
     keep: list[int] = []
-    threshold = Fraction(iou_threshold)
+    threshold = Fraction(str(iou_threshold))  # the decimal the caller meant, not its binary float
     for i in order:
         if all(exact_iou(boxes[i], boxes[k]) <= threshold for k in keep):
             keep.append(i)

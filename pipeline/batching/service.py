@@ -1,0 +1,50 @@
+"""Online model of the detector's service time: ``t(b) = a + c·b``, learned from finished batches.
+
+Exponentially weighted least squares over (batch size, seconds), so the model follows a device
+that warms up, throttles or is shared.  Until two different sizes have been seen the slope is
+unknown; the model then assumes the time is proportional to the batch (no batching gain), the
+cautious choice for deciding how long to wait.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ServiceModel:
+    a: float = 0.0  # fixed cost per batch, seconds (prior)
+    c: float = 0.0  # cost per image, seconds (prior)
+    decay: float = 0.98  # weight kept by older observations at each new one
+    _w: float = 0.0
+    _b: float = 0.0
+    _t: float = 0.0
+    _bb: float = 0.0
+    _bt: float = 0.0
+
+    @property
+    def observed(self) -> bool:
+        return self._w > 0
+
+    def observe(self, batch_size: int, seconds: float) -> None:
+        d = self.decay
+        self._w = d * self._w + 1
+        self._b = d * self._b + batch_size
+        self._t = d * self._t + seconds
+        self._bb = d * self._bb + batch_size * batch_size
+        self._bt = d * self._bt + batch_size * seconds
+        spread = self._w * self._bb - self._b * self._b
+        if spread > 1e-6 * self._w * self._w:  # at least two sizes seen: fit both terms
+            slope = (self._w * self._bt - self._b * self._t) / spread
+            self.c = max(slope, 0.0)
+            self.a = max((self._t - self.c * self._b) / self._w, 0.0)
+        else:  # one size so far: proportional to the batch
+            self.a, self.c = 0.0, self._t / self._b
+
+    def estimate(self, batch_size: int) -> float:
+        return self.a + self.c * batch_size
+
+    def throughput(self, batch_size: int) -> float:
+        """Images per second at this batch size (inf when nothing is known)."""
+        seconds = self.estimate(batch_size)
+        return batch_size / seconds if seconds > 0 else float("inf")

@@ -1,0 +1,326 @@
+"""``framebatch bench``: the detector alone vs the pipeline end to end, in alternating rounds.
+
+A round times the detector alone on real letterboxed frames, then one ``--until-done`` replay
+through the real pipeline with a :class:`TimedDetector`; the machine is noisy, so figures are
+medians over rounds. Then each non-inference stage is timed on its own, per frame.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import astuple
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+import onnxruntime
+import redis
+
+from detectors.detector import Detector
+from detectors.preprocess import Letterbox, Letterboxed
+from pipeline.bench_report import format_report
+from pipeline.config import Config, ConfigError, load_config
+from pipeline.daemon import Pipeline, check_run_mode, load_detector
+from streams.embedded_redis import EmbeddedRedis, RedisServerError
+from streams.keys import FRAMES_GROUP, StreamKeys
+from streams.messages import Detection, DetectionMessage, FrameMessage, Timestamps
+from streams.sources import SourceError, VideoSource
+
+log = logging.getLogger("framebatch.bench")
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+TARGET_RATIO = 0.95
+POOL_STRIDE = 10  # every 10th decoded frame is kept: ~36 frames, ~45 MB for the bench clips
+STAGE_BATCHES = 10  # timed batches per stage in the per-frame step
+
+
+class TimedDetector:
+    """A detector whose three stages add their wall time to accumulators; the rest delegates.
+
+    Each stage runs on its own pipeline thread, so each accumulator has a single writer.
+    """
+
+    def __init__(self, inner: Detector):
+        self._inner = inner
+        self.seconds = {"prepare": 0.0, "infer": 0.0, "postprocess": 0.0}
+        self.images = 0
+        # Pipeline builds the batcher right after the factory returns: this is its start.
+        self.created = time.perf_counter()
+        self.first_infer: float | None = None
+        self.last_infer = 0.0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def _timed(self, stage: str, call: Any, *args: Any) -> tuple[Any, float, float]:
+        start = time.perf_counter()
+        result = call(*args)
+        end = time.perf_counter()
+        self.seconds[stage] += end - start
+        return result, start, end
+
+    def prepare(self, images: Sequence[np.ndarray]) -> Any:
+        return self._timed("prepare", self._inner.prepare, images)[0]
+
+    def infer(self, prepared: Any) -> np.ndarray:
+        raw, start, self.last_infer = self._timed("infer", self._inner.infer, prepared)
+        self.first_infer = self.first_infer or start
+        self.images += len(raw)
+        return raw
+
+    def postprocess(self, raw: np.ndarray, geometries: Sequence[Any]) -> list[Any]:
+        return self._timed("postprocess", self._inner.postprocess, raw, geometries)[0]
+
+
+def machine_info() -> dict[str, Any]:
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+    models = [line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")]
+    return {
+        "platform": platform.platform(),
+        "cpu_model": models[0] if models else platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "onnxruntime": onnxruntime.__version__,
+        "numpy": np.__version__,
+        "av": av.__version__,
+        "load_before": os.getloadavg(),
+    }
+
+
+def decode_clips(config: Config, letterbox: Letterbox) -> tuple[list[dict], list[Letterboxed]]:
+    """Decode every clip through ``VideoSource`` (PyAV + bgr24) and letterbox each frame, timing
+    both; keep every POOL_STRIDE-th letterboxed frame for the detector."""
+    clips, pool = [], []
+    for camera in config.cameras:
+        frames, decode_s, letterbox_s = 0, 0.0, 0.0
+        with VideoSource(camera.id, camera.url) as source:
+            start = time.perf_counter()
+            for frames, decoded in enumerate(source.frames(), 1):
+                decoded_at = time.perf_counter()
+                boxed = letterbox(decoded.image)
+                if frames % POOL_STRIDE == 1:
+                    pool.append(boxed)
+                decode_s, start = decode_s + decoded_at - start, time.perf_counter()
+                letterbox_s += start - decoded_at
+        if not frames:
+            raise SourceError(f"camera {camera.id!r}: {camera.url} has no frames")
+        height, width = decoded.image.shape[:2]
+        figures = {"frames": frames, "decode_s": decode_s, "letterbox_s": letterbox_s}
+        clips.append({"camera": camera.id, "size": f"{width}x{height}", **figures})
+    return clips, pool
+
+
+def time_detector(detector: Detector, pool: list[Letterboxed], size: int, repeats: int) -> dict:
+    """One warm-up then ``repeats`` timed prepare + infer + postprocess calls at one batch size;
+    median seconds per image of the whole call and of each stage."""
+    calls = []
+    for call in range(repeats + 1):
+        batch = [pool[(call * size + k) % len(pool)] for k in range(size)]
+        t0 = time.perf_counter()
+        tensor = detector.prepare([b.pixels for b in batch])
+        t1 = time.perf_counter()
+        raw = detector.infer(tensor)
+        t2 = time.perf_counter()
+        detector.postprocess(raw, [b.geometry for b in batch])
+        t3 = time.perf_counter()
+        if call:
+            calls.append((t3 - t0, t1 - t0, t2 - t1, t3 - t2))
+    per_image = [statistics.median(times) / size for times in zip(*calls, strict=True)]
+    total, prepare, infer, postprocess = per_image
+    return {
+        "batch_size": size,
+        "images_per_s": 1 / total,
+        "per_image_s": total,
+        "prepare_per_image_s": prepare,
+        "infer_per_image_s": infer,
+        "postprocess_per_image_s": postprocess,
+    }
+
+
+def run_pipeline(config: Config) -> dict[str, Any]:
+    """One ``--until-done`` replay with a timed detector; raises if a camera failed."""
+    timed: list[TimedDetector] = []
+
+    def timed_detector(c: Config) -> TimedDetector:
+        timed.append(TimedDetector(load_detector(c)))
+        return timed[-1]
+
+    summary = Pipeline(config, until_done=True, detector_factory=timed_detector).run()
+    failed = [c.camera for c in summary.cameras if c.end_reason in ("error", "crashed")]
+    if failed or not timed or timed[-1].first_infer is None:
+        raise RuntimeError(f"failed cameras {failed} or no inference: the figures would be wrong")
+    detector = timed[-1]
+    window_s = detector.last_infer - detector.first_infer
+    startup_s = detector.first_infer - detector.created
+    return {
+        "processed": summary.processed,
+        "dropped": sum(summary.dropped.values()),
+        "mean_batch_size": summary.mean_batch_size,
+        "wall_s": summary.wall_s,
+        "processing_s": summary.processing_s,
+        "fps_wall": summary.throughput_fps,
+        "fps_window": summary.processed / summary.processing_s,
+        "latency_p50_s": summary.latency_p50_s,
+        "latency_p99_s": summary.latency_p99_s,
+        **{f"{stage}_per_image_s": s / detector.images for stage, s in detector.seconds.items()},
+        "infer_busy_fraction": detector.seconds["infer"] / window_s if window_s else 1.0,
+        "startup_s": startup_s,
+        "idle_s": window_s - detector.seconds["infer"],
+        "tail_s": summary.wall_s - startup_s - window_s,
+    }
+
+
+def compare(alone: dict[str, dict], pipe: dict[str, Any]) -> dict[str, Any]:
+    """The pipeline against the best batch size of the detector alone in the same round, and
+    the gap cut into parts: wall = ideal - overlapped + slowdown + start-up + idle + tail."""
+    best = max(alone.values(), key=lambda run: run["images_per_s"])
+    processed = pipe["processed"]
+    slowdown = pipe["infer_per_image_s"] - best["infer_per_image_s"]
+    return {
+        "best_batch_size": best["batch_size"],
+        "alone_images_per_s": best["images_per_s"],
+        "alone_infer_per_image_s": best["infer_per_image_s"],
+        "ratio_wall": pipe["fps_wall"] / best["images_per_s"],
+        "ratio_window": pipe["fps_window"] / best["images_per_s"],
+        "infer_slowdown_per_image_s": slowdown,
+        "ideal_s": processed * best["per_image_s"],
+        # prepare + postprocess: in the alone figure, but off the detector thread in the pipeline
+        "overlapped_s": processed * (best["per_image_s"] - best["infer_per_image_s"]),
+        "infer_slowdown_s": processed * slowdown,
+    }
+
+
+def medians(rounds: list[dict]) -> dict[str, Any]:
+    """Median over rounds of every figure (one round on a noisy machine proves little)."""
+
+    def median_of(figures: list[dict]) -> dict[str, float]:
+        numbers = [k for k, v in figures[0].items() if isinstance(v, int | float)]
+        return {k: statistics.median(f[k] for f in figures) for k in numbers}
+
+    alone = {size: median_of([r["alone"][size] for r in rounds]) for size in rounds[0]["alone"]}
+    compared = median_of([r["compare"] for r in rounds])
+    del compared["best_batch_size"]  # a median of batch sizes means nothing; see below
+    return {
+        "alone": alone,
+        "best_batch_size": int(max(alone, key=lambda size: alone[size]["images_per_s"])),
+        "pipeline": median_of([r["pipeline"] for r in rounds]),
+        "compare": compared,
+    }
+
+
+def redis_costs(config: Config, pool: list[Letterboxed], results: list[Any], label) -> dict:
+    """Median seconds per frame of the decoder's XLEN + XADD, the batcher's XREADGROUP, XACK +
+    XDEL and detection XADD, encodings included, on a private redis-server (one op at a time:
+    the batcher pipelines its ack with the detections, which only saves a round trip)."""
+    size, keys = config.batching.max_batch_size, StreamKeys("bench")
+    key, maxlen = keys.frames("cam"), config.redis.frames_maxlen
+    detections_key, kept = keys.detections("cam"), config.redis.detections_maxlen
+    times: dict[str, list[float]] = {"frame_xadd": [], "xreadgroup": [], "ack": [], "det": []}
+    with EmbeddedRedis() as server:
+        client = redis.Redis.from_url(server.url)
+        client.xgroup_create(key, FRAMES_GROUP, id="0", mkstream=True)
+        for batch in range(STAGE_BATCHES + 1):  # batch 0 warms up the connection and stream
+            t0 = time.perf_counter()
+            for k in range(size):
+                seq, now = (batch * size + k) % len(pool), time.time()
+                boxed = pool[seq]
+                frame = FrameMessage(
+                    "cam", seq, None, *astuple(boxed.geometry), now, now, boxed.pixels.tobytes()
+                )
+                client.xlen(key)  # the decoder's backpressure check
+                client.xadd(key, frame.to_fields(), maxlen=maxlen, approximate=True)
+            t1 = time.perf_counter()
+            reply = client.xreadgroup(FRAMES_GROUP, "bench", {key: ">"}, count=size)
+            entries = [(eid, FrameMessage.from_fields(f)) for eid, f in reply[0][1]]
+            t2 = time.perf_counter()
+            ids = [eid for eid, _ in entries]
+            client.pipeline(False).xack(key, FRAMES_GROUP, *ids).xdel(key, *ids).execute()
+            t3 = time.perf_counter()
+            pipe = client.pipeline(transaction=False)
+            for _, frame in entries:
+                found = results[frame.seq]
+                rows = zip(found.boxes, found.scores, found.class_ids, strict=True)
+                detections = tuple(
+                    Detection(tuple(map(float, box)), float(score), int(cls), label(int(cls)))
+                    for box, score, cls in rows
+                )
+                head = ("cam", frame.seq, None, frame.width, frame.height, batch, size)
+                stamps = Timestamps(frame.captured, frame.enqueued, now, now, now)
+                message = DetectionMessage(*head, detections, stamps)
+                pipe.xadd(detections_key, message.to_fields(), maxlen=kept, approximate=True)
+            pipe.execute()
+            t4 = time.perf_counter()
+            if batch:
+                for name, seconds in zip(times, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+                    times[name].append(seconds / size)
+        client.close()
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def per_frame_costs(config: Config, detector: Detector, pool: list[Letterboxed], clips) -> dict:
+    """Seconds per frame of decode, letterbox and the Redis steps, each timed on its own
+    (prepare and postprocess come from the detector-alone runs)."""
+    frames, size = sum(c["frames"] for c in clips), config.batching.max_batch_size
+    detections = []  # real detections of every pool frame, for the detection messages
+    for batch in (pool[start : start + size] for start in range(0, len(pool), size)):
+        detections += detector.detect([b.pixels for b in batch], [b.geometry for b in batch])
+    return {
+        "decode": sum(c["decode_s"] for c in clips) / frames,
+        "letterbox": sum(c["letterbox_s"] for c in clips) / frames,
+        **redis_costs(config, pool, detections, detector.info.label),
+    }
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """The ``framebatch bench`` command: report on stdout, JSON to ``--output``."""
+    try:
+        sizes = sorted({int(size) for size in args.batch_sizes.split(",") if size.strip()})
+        if not sizes or sizes[0] < 1 or args.repeats < 1 or args.rounds < 1:
+            raise ValueError("--batch-sizes, --repeats and --rounds take integers >= 1")
+        if args.output and not Path(args.output).absolute().parent.is_dir():
+            raise ValueError(f"--output: no folder {Path(args.output).absolute().parent}")
+        config = load_config(args.config)
+        check_run_mode(config, until_done=True)
+        data: dict[str, Any] = {"command": shlex.join(sys.argv), "machine": machine_info()}
+        detector = load_detector(config)
+    except (ConfigError, ValueError, FileNotFoundError) as exc:
+        print(f"framebatch bench: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    data.update(config=str(args.config), imgsz=config.model.imgsz, repeats=args.repeats, rounds=[])
+    try:
+        data["clips"], pool = decode_clips(config, detector.letterbox())
+        for number in range(1, args.rounds + 1):
+            log.info("round %d/%d: detector alone, batch sizes %s", number, args.rounds, sizes)
+            alone = {str(b): time_detector(detector, pool, b, args.repeats) for b in sizes}
+            log.info("round %d/%d: pipeline --until-done", number, args.rounds)
+            pipe = run_pipeline(config)
+            log.info("round %d: %.2f frames/s", number, pipe["fps_wall"])
+            data["rounds"].append(
+                {"alone": alone, "pipeline": pipe, "compare": compare(alone, pipe)}
+            )
+        log.info("per-frame costs of the stages that are not inference")
+        data["per_frame_s"] = per_frame_costs(config, detector, pool, data["clips"])
+    except (SourceError, RedisServerError, RuntimeError) as exc:
+        print(f"framebatch bench: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        detector.close()
+    data["machine"]["load_after"] = os.getloadavg()
+    data.update(medians=medians(data["rounds"]), target_ratio=TARGET_RATIO)
+    best = data["medians"]["alone"][str(data["medians"]["best_batch_size"])]
+    for stage in ("prepare", "postprocess"):  # timed on their own in the detector-alone runs
+        data["per_frame_s"][stage] = best[f"{stage}_per_image_s"]
+    print(format_report(data))
+    if args.output:
+        Path(args.output).write_text(json.dumps(data, indent=2))
+    return EXIT_OK

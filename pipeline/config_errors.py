@@ -1,0 +1,132 @@
+"""Config errors that read like directions: ``dotted.path: message`` lines, close-match hints.
+
+No message echoes a string the user wrote (it could hold a password); numbers and type names only.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+from collections.abc import Sequence
+from typing import Any, Union, get_args, get_origin
+
+from pydantic import BaseModel, ValidationError
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+Problem = tuple[tuple[str | int, ...], str, Any]  # (loc below the model, message, input)
+
+
+class ConfigError(Exception):
+    """An invalid config: ``errors`` holds one ``dotted.path: message`` line per problem."""
+
+    def __init__(self, errors: Sequence[str], source: str = "<config>") -> None:
+        self.errors = list(errors)
+        self.source = source
+        super().__init__(self.errors, source)  # args that rebuild it, so it pickles
+
+    def __str__(self) -> str:
+        count = f"{len(self.errors)} error" + ("s" if len(self.errors) != 1 else "")
+        return "\n".join(
+            [f"invalid config {self.source} ({count}):"] + [f"  - {e}" for e in self.errors]
+        )
+
+
+def fail(message: str) -> PydanticCustomError:
+    """A validation error whose message is shown as is (no "Value error, " prefix)."""
+    return PydanticCustomError("config", "{message}", {"message": message})
+
+
+def fail_at(title: str, problems: Sequence[Problem]) -> ValidationError:
+    """Errors at sub-locations of the model being validated (pydantic keeps their ``loc``)."""
+    details = [InitErrorDetails(type=fail(m), loc=loc, input=v) for loc, m, v in problems]
+    return ValidationError.from_exception_data(title, details)
+
+
+_MESSAGES = {
+    "missing": "required",
+    "greater_than": "must be > {gt}",
+    "greater_than_equal": "must be >= {ge}",
+    "less_than": "must be < {lt}",
+    "less_than_equal": "must be <= {le}",
+    "multiple_of": "must be a multiple of {multiple_of}",
+    "literal_error": "must be {expected}",
+    "model_type": "must be a mapping",
+    "dict_type": "must be a mapping",
+    "list_type": "must be a list",
+    "path_type": "must be a file path",
+    "string_type": "must be a string",
+    "int_type": "must be an integer",
+    "int_parsing": "must be an integer",
+    "int_from_float": "must be a whole number",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+    "finite_number": "must be a finite number",
+}
+_NUMERIC = {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "multiple_of"}
+_NUMERIC |= {"int_from_float", "finite_number"}  # errors whose input is a number, safe to echo
+_YAML_TYPES = {type(None): "null", dict: "mapping", str: "string", list: "list"}
+
+
+def _dotted(loc: Sequence[str | int]) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+
+
+def line_at(loc: Sequence[str | int], message: str) -> str:
+    return f"{_dotted(loc)}: {message}" if loc else message
+
+
+def _members(annotation: Any) -> list[Any]:
+    """The annotation itself, or the members of a union (``X | None``)."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        return [m for arg in get_args(annotation) for m in _members(arg)]
+    return [annotation]
+
+
+def _model_at(root: Any, loc: Sequence[str | int]) -> type[BaseModel] | None:
+    """The model class found by walking ``loc`` through fields, list items and Optionals."""
+    annotation: Any = root
+    for part in loc:
+        if isinstance(part, int):
+            lists = [m for m in _members(annotation) if get_origin(m) is list]
+            annotation = get_args(lists[0])[0] if lists else None
+        else:
+            model = _model_at(annotation, ()) if annotation is not None else None
+            field = model.model_fields.get(part) if model else None
+            annotation = field.annotation if field else None
+    models = [m for m in _members(annotation) if isinstance(m, type) and issubclass(m, BaseModel)]
+    return models[0] if models else None
+
+
+def _unknown_key(root: type[BaseModel], loc: Sequence[str | int]) -> str:
+    *parent, key = loc
+    model = _model_at(root, parent)
+    names = list(model.model_fields) if model else []
+    where = "unknown key" if parent else "unknown top-level key"
+    close = difflib.get_close_matches(str(key), names, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else f" (expected one of: {', '.join(names)})"
+    return line_at(parent, f"{where} {key!r}{hint}")
+
+
+def format_validation_errors(exc: ValidationError, model: type[BaseModel]) -> list[str]:
+    """One ``dotted.path: message`` line per error of ``exc`` raised while validating ``model``."""
+    lines = []
+    for error in exc.errors(include_url=False, include_input=True):
+        loc, kind, ctx = error["loc"], error["type"], error.get("ctx") or {}
+        if kind == "extra_forbidden":
+            lines.append(_unknown_key(model, loc))
+            continue
+        if kind == "too_short":
+            message = "must not be empty" if ctx.get("min_length") == 1 else "too few items"
+        elif kind in _MESSAGES:
+            message = _MESSAGES[kind].format(**ctx)
+        else:
+            message = str(error["msg"]).removeprefix("Value error, ")
+        value = error.get("input")
+        if kind in _NUMERIC and isinstance(value, int | float) and not isinstance(value, bool):
+            message += f" (got {value})"
+        elif kind.endswith("_type") or kind.endswith("_parsing"):
+            message += f" (got {_YAML_TYPES.get(type(value), type(value).__name__)})"
+        lines.append(line_at(loc, message))
+    return lines

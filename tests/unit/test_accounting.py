@@ -1,0 +1,389 @@
+"""Frame accounting and the run summary, driven by hand with a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.accounting import Accounting
+from pipeline.summary import percentile
+
+
+class FakeClock:
+    """A clock that returns whatever time the test set."""
+
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def camera_summary(accounting: Accounting, camera: str):
+    (summary,) = [c for c in accounting.summary().cameras if c.camera == camera]
+    return summary
+
+
+# --- percentile ---------------------------------------------------------------------------
+
+ONE_TO_TEN = [float(v) for v in range(1, 11)]
+ONE_TO_HUNDRED = [float(v) for v in range(1, 101)]
+
+
+@pytest.mark.parametrize(
+    ("values", "q", "expected"),
+    [
+        ([], 50, None),
+        ([], 99, None),
+        ([4.0], 0, 4.0),
+        ([4.0], 50, 4.0),
+        ([4.0], 100, 4.0),
+        (ONE_TO_TEN, 0, 1.0),  # rank never below 1
+        (ONE_TO_TEN, 10, 1.0),
+        (ONE_TO_TEN, 11, 2.0),  # nearest rank rounds up, no interpolation
+        (ONE_TO_TEN, 50, 5.0),
+        (ONE_TO_TEN, 51, 6.0),
+        (ONE_TO_TEN, 90, 9.0),
+        (ONE_TO_TEN, 99, 10.0),
+        (ONE_TO_TEN, 100, 10.0),
+        ([1.0, 2.0], 50, 1.0),
+        ([1.0, 2.0, 3.0], 50, 2.0),
+        (ONE_TO_HUNDRED, 50, 50.0),
+        (ONE_TO_HUNDRED, 90, 90.0),
+        (ONE_TO_HUNDRED, 99, 99.0),
+        ([0.01, 0.02, 0.5, 0.7, 9.0], 99, 9.0),
+        ([0.01, 0.02, 0.5, 0.7, 9.0], 50, 0.5),
+    ],
+)
+def test_percentile_is_nearest_rank(values: list[float], q: float, expected: float | None) -> None:
+    assert percentile(values, q) == expected
+
+
+@pytest.mark.parametrize("q", [50, 90, 99])
+@pytest.mark.parametrize("count", [1, 2, 3, 7, 10, 99, 100, 101, 1000, 12345])
+def test_percentile_used_by_the_summary_has_the_exact_nearest_rank(q: int, count: int) -> None:
+    values = list(range(1, count + 1))
+    exact_rank = max(1, -(-q * count // 100))  # ceil(q * count / 100) in integers
+    assert percentile(values, q) == exact_rank
+
+
+# --- drops and sessions -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("seqs", "overflow", "decoded"),
+    [
+        ([0, 1, 2, 3], 0, 4),
+        ([0, 1, 5, 6], 3, 7),  # 2, 3, 4 trimmed from the capped stream
+        ([3, 4], 3, 5),  # the first three were trimmed before the batcher read any
+        ([0, 2, 4, 6], 3, 7),
+        ([5, 5], 5, 6),  # the same non-zero seq again: a redelivery, neither drop nor restart
+        # seq going back is a restarted decoder: a new session, not a drop, and counted on top
+        ([0, 1, 2, 0, 1], 0, 3 + 2),
+        ([0, 1, 2, 3, 4, 0, 3], 2, 5 + 4),  # a gap inside the new session is a drop
+        ([0, 1, 2, 3, 4, 2, 3], 2, 5 + 4),  # back to a non-zero seq: its first two trimmed
+        ([0, 0, 0], 0, 3),  # three one-frame sessions
+    ],
+)
+def test_seq_gaps_become_overflow_drops_and_restarts_start_a_session(
+    seqs: list[int], overflow: int, decoded: int
+) -> None:
+    accounting = Accounting(["a"], clock=FakeClock())
+    for seq in seqs:
+        accounting.on_received("a", seq)
+    summary = camera_summary(accounting, "a")
+    assert summary.dropped.get("overflow", 0) == overflow
+    assert summary.decoded == decoded
+
+
+@pytest.mark.parametrize(
+    ("seqs", "end_frames", "overflow", "decoded"),
+    [
+        ([0, 1, 2], 3, 0, 3),  # all seen
+        ([0, 1, 2], 5, 2, 5),  # the last two were trimmed
+        ([], 4, 4, 4),  # nothing seen at all
+        ([], 0, 0, 0),  # an empty source
+        ([0, 1, 4], 6, 2 + 1, 6),  # a gap and a trimmed tail
+        ([0, 1, 2, 3, 0, 1], 2, 0, 4 + 2),  # end of the second session, all of it seen
+        ([0, 1, 2, 3, 0, 1], 5, 3, 4 + 5),  # ... with its tail trimmed
+        # the daemon writes frames=-1 for a decoder that died without its own end entry
+        ([0, 1, 2], -1, 0, 3),
+    ],
+)
+def test_end_marker_with_more_frames_than_seen_adds_overflow(
+    seqs: list[int], end_frames: int, overflow: int, decoded: int
+) -> None:
+    accounting = Accounting(["a"], clock=FakeClock())
+    for seq in seqs:
+        accounting.on_received("a", seq)
+    accounting.on_end("a", end_frames, "eof", "", 0)
+    summary = camera_summary(accounting, "a")
+    assert summary.dropped.get("overflow", 0) == overflow
+    assert summary.decoded == decoded
+    assert summary.end_reason == "eof"
+
+
+def test_a_session_after_an_end_marker_is_counted_on_top() -> None:
+    accounting = Accounting(["a"], clock=FakeClock())
+    for seq in range(3):
+        accounting.on_received("a", seq)
+    accounting.on_end("a", 3, "crashed", "decoder process for camera 'a' died", 0)
+    for seq in range(2):
+        accounting.on_received("a", seq)
+    accounting.on_end("a", 4, "eof", "", 0)
+    summary = camera_summary(accounting, "a")
+    assert summary.decoded == 3 + 4
+    assert summary.dropped == {"overflow": 2}
+    assert summary.end_reason == "eof"
+
+
+@pytest.mark.parametrize("restart", [[0, 1], [0], [1, 2]])
+def test_processed_never_exceeds_decoded_across_restarts(restart: list[int]) -> None:
+    accounting = Accounting(["a"], clock=FakeClock())
+    seqs = [0, 1, 2, 3, *restart]
+    for seq in seqs:
+        accounting.on_received("a", seq)
+    accounting.on_published([("a", 0.01, 0.001)] * len(seqs), published=1.0)
+    summary = camera_summary(accounting, "a")
+    assert summary.processed == len(seqs)
+    assert summary.decoded == summary.processed + sum(summary.dropped.values())
+
+
+@pytest.mark.parametrize(("decode_errors", "expected"), [(0, None), (1, 1), (17, 17)])
+def test_decode_errors_are_counted_as_drops(decode_errors: int, expected: int | None) -> None:
+    accounting = Accounting(["a"], clock=FakeClock())
+    accounting.on_received("a", 0)
+    accounting.on_end("a", 1, "error", "camera 'a': bad data", decode_errors)
+    summary = camera_summary(accounting, "a")
+    assert summary.dropped.get("decode_error") == expected
+    assert (summary.end_reason, summary.error) == ("error", "camera 'a': bad data")
+
+
+@pytest.mark.parametrize(
+    ("shed", "dropped", "outstanding"),
+    [
+        ([], {}, 4),
+        (["stale"], {"stale": 1}, 3),
+        (["stale", "stale", "stale"], {"stale": 3}, 1),
+        (
+            ["stale", "superseded", "overflow", "stale"],
+            {"stale": 2, "superseded": 1, "overflow": 1},
+            0,
+        ),
+    ],
+)
+def test_shed_frames_count_one_by_one_by_cause_and_as_done(
+    shed: list[str], dropped: dict[str, int], outstanding: int
+) -> None:
+    accounting = Accounting(["a", "b"], clock=FakeClock())
+    for seq in range(4):
+        accounting.on_received("a", seq)
+    accounting.on_received("b", 0)
+    for cause in shed:
+        accounting.on_shed("a", cause)
+    assert accounting.outstanding("a") == outstanding
+    assert accounting.outstanding("b") == 1  # the other camera is untouched
+    accounting.on_end("a", 4, "eof", "", 0)
+    accounting.on_end("b", 1, "eof", "", 0)
+    accounting.on_published([("b", 0.1, 0.01)], published=1.0)
+    assert accounting.all_done() is (outstanding == 0)
+    if outstanding:
+        accounting.on_published([("a", 0.1, 0.01)] * outstanding, published=2.0)
+    assert accounting.outstanding("a") == 0
+    assert accounting.all_done()
+    summary = camera_summary(accounting, "a")
+    assert summary.dropped == dropped
+    assert (summary.decoded, summary.processed) == (4, 4 - len(shed))
+
+
+# --- ended / all_ended / all_done ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cameras", "ended", "query", "expected"),
+    [
+        (["a", "b"], [], ["a"], False),
+        (["a", "b"], ["a"], ["a"], True),
+        (["a", "b"], ["a"], ["a", "b"], False),
+        (["a", "b"], ["a", "b"], ["a", "b"], True),
+        (["a", "b"], ["b"], [], True),  # nothing asked: vacuously true
+        (["a"], ["a"], ["unknown"], False),  # a camera never heard of has not ended
+    ],
+)
+def test_ended(cameras: list[str], ended: list[str], query: list[str], expected: bool) -> None:
+    accounting = Accounting(cameras, clock=FakeClock())
+    for camera in ended:
+        accounting.on_end(camera, 0, "eof", "", 0)
+    assert accounting.ended(query) is expected
+
+
+@pytest.mark.parametrize(
+    ("cameras", "ended", "all_ended"),
+    [
+        (["a", "b"], [], False),
+        (["a", "b"], ["a"], False),
+        (["a", "b"], ["b", "a"], True),
+        ([], [], True),
+        (["a"], ["a", "late"], True),  # a camera first seen by its end marker counts too
+    ],
+)
+def test_all_ended(cameras: list[str], ended: list[str], all_ended: bool) -> None:
+    accounting = Accounting(cameras, clock=FakeClock())
+    for camera in ended:
+        accounting.on_end(camera, 0, "eof", "", 0)
+    assert accounting.all_ended() is all_ended
+
+
+def test_a_frame_from_an_unconfigured_camera_must_end_too() -> None:
+    accounting = Accounting(["a"], clock=FakeClock())
+    accounting.on_end("a", 0, "eof", "", 0)
+    assert accounting.all_ended()
+    accounting.on_received("extra", 0)
+    assert not accounting.all_ended()
+    assert not accounting.all_done()
+
+
+@pytest.mark.parametrize(
+    ("received", "published", "shed", "ended", "all_done"),
+    [
+        (3, 3, 0, True, True),
+        (3, 2, 0, True, False),  # a frame still in flight
+        (3, 2, 1, True, True),  # the last one shed by the policy after receipt
+        (3, 3, 0, False, False),  # everything published but no end marker yet
+        (0, 0, 0, True, True),
+    ],
+)
+def test_all_done(received: int, published: int, shed: int, ended: bool, all_done: bool) -> None:
+    accounting = Accounting(["a", "b"], clock=FakeClock())
+    for seq in range(received):
+        accounting.on_received("a", seq)
+    if published:
+        accounting.on_published([("a", 0.05, 0.01)] * published, published=2.0)
+    for _ in range(shed):
+        accounting.on_shed("a", "stale")
+    accounting.on_end("b", 0, "eof", "", 0)
+    if ended:
+        accounting.on_end("a", received, "eof", "", 0)
+    assert accounting.all_done() is all_done
+
+
+# --- summary ------------------------------------------------------------------------------
+
+
+def test_summary_figures_with_a_fake_clock() -> None:
+    clock = FakeClock(1000.0)
+    accounting = Accounting(["a", "b"], max_batch_size=4, clock=clock)
+    for seq in range(5):
+        accounting.on_received("a", seq)
+    for seq in range(3):
+        accounting.on_received("b", seq)
+    accounting.on_published(
+        [("a", 0.10, 0.01), ("a", 0.20, 0.02), ("b", 0.30, 0.03), ("b", 0.40, 0.04)],
+        published=1001.0,
+    )
+    accounting.on_published([("a", 0.50, 0.05), ("b", 0.60, 0.06)], published=1002.0)
+    accounting.on_published([("a", 0.70, 0.07), ("a", 0.80, 0.08)], published=1003.5)
+    accounting.on_end("a", 5, "eof", "", 0)
+    accounting.on_end("b", 4, "eof", "", 0)
+    clock.now = 1010.0
+
+    summary = accounting.summary()
+
+    assert summary.batches == 3
+    assert summary.batch_sizes == {2: 2, 4: 1}
+    assert list(summary.batch_sizes) == [2, 4]  # sorted by size
+    assert summary.mean_batch_size == pytest.approx(8 / 3)
+    assert summary.batch_fill_ratio == pytest.approx(8 / 3 / 4)
+    assert summary.wall_s == pytest.approx(10.0)
+    assert summary.processing_s == pytest.approx(2.5)  # first to last published batch
+    assert summary.processed == 8
+    assert summary.throughput_fps == pytest.approx(0.8)
+    assert summary.dropped == {"overflow": 1}
+    # all latencies sorted: .1 .2 .3 .4 .5 .6 .7 .8 -> nearest rank 4, 8, 8
+    assert summary.latency_p50_s == pytest.approx(0.4)
+    assert summary.latency_p90_s == pytest.approx(0.8)
+    assert summary.latency_p99_s == pytest.approx(0.8)
+    assert summary.queue_delay_p50_s == pytest.approx(0.04)
+    assert summary.queue_delay_p99_s == pytest.approx(0.08)
+    a, b = summary.cameras
+    assert (a.camera, a.decoded, a.processed, a.dropped) == ("a", 5, 5, {})
+    assert (b.camera, b.decoded, b.processed, b.dropped) == ("b", 4, 3, {"overflow": 1})
+    # a: .1 .2 .5 .7 .8; b: .3 .4 .6
+    assert (a.latency_p50_s, a.latency_p99_s) == (pytest.approx(0.5), pytest.approx(0.8))
+    assert (b.latency_p50_s, b.latency_p99_s) == (pytest.approx(0.4), pytest.approx(0.6))
+    assert summary.to_json()["processed"] == 8
+    text = summary.format()
+    assert "batches 3, mean batch size 2.67 (fill 67%), sizes 2x2 4x1" in text
+    assert "queue delay p50 40 ms, p99 80 ms" in text
+    assert "camera b: decoded 4, processed 3, dropped overflow 1" in text
+
+
+def test_summary_of_an_idle_run() -> None:
+    clock = FakeClock(50.0)
+    accounting = Accounting(["z", "a"], max_batch_size=8, clock=clock)
+    clock.now = 53.0
+    summary = accounting.summary()
+    assert [c.camera for c in summary.cameras] == ["a", "z"]  # sorted by name
+    assert summary.batches == 0
+    assert summary.batch_sizes == {}
+    assert summary.mean_batch_size == 0.0
+    assert summary.batch_fill_ratio == 0.0
+    assert summary.wall_s == pytest.approx(3.0)
+    assert summary.processing_s == 0.0
+    assert summary.throughput_fps == 0.0
+    assert summary.latency_p50_s is None
+    assert (summary.queue_delay_p50_s, summary.queue_delay_p99_s) == (None, None)
+    assert summary.cameras[0].latency_p99_s is None
+    assert "latency p50 -" in summary.format()
+    assert "queue delay p50 -, p99 -" in summary.format()
+
+
+@pytest.mark.parametrize(
+    ("batch_sizes", "max_batch_size", "histogram", "mean", "fill"),
+    [
+        ([1], 1, {1: 1}, 1.0, 1.0),
+        ([4, 4, 4], 4, {4: 3}, 4.0, 1.0),
+        ([1, 2, 3, 4], 8, {1: 1, 2: 1, 3: 1, 4: 1}, 2.5, 2.5 / 8),
+        ([8, 1, 8, 3], 8, {1: 1, 3: 1, 8: 2}, 5.0, 5 / 8),
+        ([1, 1, 1, 1], 8, {1: 4}, 1.0, 1 / 8),  # batch1 traffic on a batch-8 engine
+        ([], 16, {}, 0.0, 0.0),
+    ],
+)
+def test_batch_size_histogram_mean_and_fill(
+    batch_sizes: list[int],
+    max_batch_size: int,
+    histogram: dict[int, int],
+    mean: float,
+    fill: float,
+) -> None:
+    accounting = Accounting(["a"], max_batch_size=max_batch_size, clock=FakeClock())
+    for i, size in enumerate(batch_sizes):
+        accounting.on_published([("a", 0.01, 0.001)] * size, published=float(i))
+    summary = accounting.summary()
+    assert summary.batch_sizes == histogram
+    assert list(summary.batch_sizes) == sorted(histogram)
+    assert summary.mean_batch_size == pytest.approx(mean)
+    assert summary.batch_fill_ratio == pytest.approx(fill)
+    assert summary.processed == sum(batch_sizes)
+
+
+@pytest.mark.parametrize(
+    ("batches", "p50", "p99"),
+    [
+        ([[("a", 0.03)]], 0.03, 0.03),
+        # across cameras and batches, nearest rank: 4 values -> ranks 2 and 4
+        ([[("a", 0.04), ("b", 0.01)], [("b", 0.03), ("a", 0.02)]], 0.02, 0.04),
+        ([[("a", ms / 1000)] for ms in range(100, 0, -1)], 0.05, 0.099),  # 100..1 ms
+        ([[("a", 0.0), ("b", 0.0), ("a", 0.5)]], 0.0, 0.5),
+    ],
+)
+def test_queue_delay_percentiles_over_all_frames(
+    batches: list[list[tuple[str, float]]], p50: float, p99: float
+) -> None:
+    accounting = Accounting(["a", "b"], max_batch_size=4, clock=FakeClock())
+    for i, batch in enumerate(batches):
+        # the end-to-end latency is 1 s for every frame: the delays must not be mixed with it
+        accounting.on_published([(camera, 1.0, delay) for camera, delay in batch], float(i))
+    summary = accounting.summary()
+    assert summary.queue_delay_p50_s == pytest.approx(p50)
+    assert summary.queue_delay_p99_s == pytest.approx(p99)
+    assert summary.latency_p99_s == pytest.approx(1.0)
