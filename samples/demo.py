@@ -47,10 +47,14 @@ def main() -> int:
         print(exc)
         return 2
     with EmbeddedRedis() as server:
-        config = config.model_copy(update={"redis": config.redis.model_copy(update={"url": server.url})})
+        config = config.model_copy(
+            update={"redis": config.redis.model_copy(update={"url": server.url})}
+        )
         pipeline = Pipeline(config)
         result: list[RunSummary] = []
-        runner = threading.Thread(target=lambda: result.append(pipeline.run()), name="demo-pipeline")
+        runner = threading.Thread(
+            target=lambda: result.append(pipeline.run()), name="demo-pipeline"
+        )
         runner.start()
         client = redis.Redis.from_url(server.url)
         consumer = DetectionConsumer(client, StreamKeys(config.redis.prefix), from_start=True)
