@@ -30,6 +30,8 @@ from pipeline.batching.service import ServiceModel
 
 T = TypeVar("T")
 
+EFFICIENT_SHARE = 0.99  # a batch within 1 % of the best throughput is "efficient"
+
 
 @dataclass(frozen=True)
 class Decision(Generic[T]):
@@ -193,8 +195,7 @@ class AdaptivePolicy(BatchPolicy[T]):
         sizes = range(1, self.max_batch_size + 1)
         raw = next((b for b in sizes if self.keeps_up(b, rate)), None)
         if raw is None:  # nothing keeps up: the smallest batch with (nearly) the best throughput
-            best = self.service.throughput(self.max_batch_size)
-            raw = next(b for b in sizes if self.service.throughput(b) >= 0.95 * best)
+            raw = self.efficient_size()
         # engine-friendly sizes, except at low load, where one frame alone keeps up
         snapped = raw if raw == 1 else next((p for p in self.preferred if p >= raw), raw)
         if snapped >= self.target:  # falling behind costs more than a larger batch: follow at once
@@ -205,12 +206,23 @@ class AdaptivePolicy(BatchPolicy[T]):
                 self.target, self._lower_streak = snapped, 0
         return self.target
 
+    def efficient_size(self) -> int:
+        """The smallest batch with (nearly) the best throughput: a larger one adds only latency."""
+        best = self.service.throughput(self.max_batch_size)
+        sizes = range(1, self.max_batch_size + 1)
+        return next(b for b in sizes if self.service.throughput(b) >= EFFICIENT_SHARE * best)
+
     def size_now(self, now: float) -> int:
         waiting = self.waiting
         target = self._update_target(now)
-        if waiting >= min(target, self.max_batch_size) or self.queues.any_due(now):
-            return max(self.fit(waiting), min(target, waiting))  # at least the batch waited for
-        return 0  # the batch that keeps up is coming, inside every waiting frame's window
+        if waiting < min(target, self.max_batch_size) and not self.queues.any_due(now):
+            return 0  # the batch that keeps up is coming, inside every waiting frame's window
+        size = max(self.fit(waiting), min(target, waiting))  # at least the batch waited for
+        if self.service.fitted:
+            # with a backlog, batches past the efficient size gain no throughput (a CPU) and
+            # hold every frame in them for longer; until t(b) is fitted, large batches teach it
+            size = min(size, max(self.efficient_size(), target))
+        return size
 
     def wake_at(self, now: float) -> float | None:
         deadline = self.queues.earliest_dispatch_by()

@@ -21,6 +21,7 @@ class ServiceModel:
     _t: float = 0.0
     _bb: float = 0.0
     _bt: float = 0.0
+    fitted: bool = False  # both terms fitted (two or more sizes seen), not the fallback
 
     @property
     def observed(self) -> bool:
@@ -38,8 +39,10 @@ class ServiceModel:
             slope = (self._w * self._bt - self._b * self._t) / spread
             self.c = max(slope, 0.0)
             self.a = max((self._t - self.c * self._b) / self._w, 0.0)
+            self.fitted = True
         else:  # one size so far: proportional to the batch
             self.a, self.c = 0.0, self._t / self._b
+            self.fitted = False
 
     def estimate(self, batch_size: int) -> float:
         return self.a + self.c * batch_size
