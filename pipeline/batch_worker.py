@@ -106,6 +106,7 @@ class BatchWorker:
         # reader, which alone touches the policy
         self._service_times: queue.SimpleQueue[tuple[int, float]] = queue.SimpleQueue()
         self._slot_freed = threading.Event()  # the inference thread took the prepared batch
+        self._running: tuple[float, int] | None = None  # (perf_counter at start, size) of inference
         # Start with this consumer's own pending entries (left by a crash), then new ones.
         self._read_ids = {keys.frames(camera): "0" for camera in cameras}
 
@@ -139,7 +140,7 @@ class BatchWorker:
                 return
             now = self._clock()
             idle = self._to_infer.empty()  # the detector can take the next batch
-            decision = policy.poll(now, idle=idle)
+            decision = policy.poll(now, idle=idle, start_delay_s=self._busy_for())
             self._drop(decision.dropped)
             if decision.batch:
                 self._dispatch(decision.batch)
@@ -160,6 +161,14 @@ class BatchWorker:
                 self._read(count=per_stream, block_ms=block_ms)
             elif block_ms is not None:
                 stop.wait(block_s)  # full and idle: only a policy that waits on the clock
+
+    def _busy_for(self) -> float:
+        """Expected seconds until the running inference ends (0 when the detector is free)."""
+        running = self._running
+        if running is None:
+            return 0.0
+        started, size = running
+        return max(0.0, started + self._policy.service.estimate(size) - time.perf_counter())
 
     def _read(self, *, count: int, block_ms: int | None) -> None:
         """XREADGROUP over every camera; ``block_ms=None`` returns at once."""
@@ -231,7 +240,9 @@ class BatchWorker:
             while (item := self._to_infer.get()) is not _DONE:
                 self._slot_freed.set()
                 started = time.perf_counter()
+                self._running = (started, len(item.frames))
                 raw = self._detector.infer(item.tensor)
+                self._running = None
                 self._service_times.put((len(item.frames), time.perf_counter() - started))
                 self._put(self._to_publish, InferredBatch(item, raw, self._clock()))
         finally:

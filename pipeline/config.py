@@ -121,7 +121,9 @@ class BatchingConfig(BaseModel):
         description="Frames held for batching, then the lowest priority drops (4 x max batch)",
     )
     max_frame_age_ms: Finite | None = Field(
-        None, gt=0, description="Default freshness deadline of live cameras' frames, from capture"
+        None,
+        gt=0,
+        description="Default freshness deadline, from capture, of cameras that may drop frames",
     )
     target_utilisation: Finite = Field(
         0.85, gt=0, le=1, description="adaptive: the detector load it batches for"

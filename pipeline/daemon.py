@@ -16,6 +16,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import redis
 
 from detectors.detector import Detector
@@ -63,16 +64,30 @@ def load_detector(config: Config) -> Detector:
     return detector
 
 
+def time_batches(detector: Detector, sizes: set[int]) -> list[tuple[int, float]]:
+    """One timed inference per batch size (after warm-up): seeds the policy's service model."""
+    info = detector.info
+    samples = []
+    for size in sorted(sizes):
+        blank = [np.full((info.input_height, info.input_width, 3), 114, np.uint8)] * size
+        prepared = detector.prepare(blank)
+        started = time.perf_counter()
+        detector.infer(prepared)
+        samples.append((size, time.perf_counter() - started))
+    return samples
+
+
 def batching_policy(config: Config, *, until_done: bool) -> BatchPolicy[Any]:
     """The configured policy, with each camera's rules (camera settings override batching's)."""
     batching = config.batching
 
     def rules(camera: CameraConfig) -> CameraRules:
-        # freshness only where frames may drop: never for backpressured file jobs
+        # freshness only where frames may drop (live cameras and files replayed like them),
+        # never for backpressured file jobs
         droppable = (
             decoder_spec(camera, default_backlog=1, until_done=until_done).backpressure is False
         )
-        max_age = camera.max_frame_age_ms or (batching.max_frame_age_ms if camera.is_live else None)
+        max_age = camera.max_frame_age_ms or batching.max_frame_age_ms
         return CameraRules(
             priority=camera.priority,
             max_wait_frames=camera.max_wait_frames or batching.max_wait_frames,
@@ -172,12 +187,15 @@ class Pipeline:
                 [camera.id for camera in self.config.cameras],
                 max_batch_size=self.config.batching.max_batch_size,
             )
+            policy = batching_policy(self.config, until_done=self.until_done)
+            for size, seconds in time_batches(detector, {1, self.config.batching.max_batch_size}):
+                policy.observe(size, seconds)  # the policy knows t(b) before the first frame
             worker = BatchWorker(
                 redis_client=client,
                 keys=keys,
                 cameras=[camera.id for camera in self.config.cameras],
                 detector=detector,
-                policy=batching_policy(self.config, until_done=self.until_done),
+                policy=policy,
                 accounting=accounting,
                 detections_maxlen=self.config.redis.detections_maxlen,
                 until_done=self.until_done,

@@ -67,12 +67,14 @@ class BatchPolicy(Generic[T]):
     def add(self, camera: str, seq: int, captured: float, item: T, now: float) -> list[Dropped[T]]:
         return self.queues.add(camera, seq, captured, item, now)
 
-    def poll(self, now: float, *, idle: bool = True) -> Decision[T]:
+    def poll(self, now: float, *, idle: bool = True, start_delay_s: float = 0.0) -> Decision[T]:
+        """``start_delay_s``: how long a batch dispatched now waits before it runs (the detector
+        finishing the batch ahead of it, in a pipeline that prepares one batch ahead)."""
         if not self.waiting:
             return Decision([], [], None)
         size = self.size_now(now) if idle else 0
         # can each frame still finish in time in the batch it would go in now?
-        horizon = self.service.estimate(size or max(self.fit(self.waiting), 1))
+        horizon = start_delay_s + self.service.estimate(size or max(self.fit(self.waiting), 1))
         dropped = self.queues.expire(now, horizon)
         if dropped and size:  # fewer frames now: decide again (never larger than planned)
             size = min(size, self.size_now(now)) if self.waiting else 0

@@ -812,3 +812,13 @@ def test_adaptive_sends_full_batches_until_the_service_time_is_fitted() -> None:
     fill(policy, [(f"c{i}", 0.0) for i in range(8)])
     assert not policy.service.fitted
     assert len(policy.poll(0.0).batch) == 8  # a larger size is how t(b) gets learned
+
+
+@pytest.mark.parametrize(("start_delay_s", "dropped"), [(0.0, []), (0.02, ["live0"])])
+def test_freshness_counts_the_wait_for_the_batch_ahead(start_delay_s: float, dropped: list) -> None:
+    live = CameraRules(max_frame_age_ms=30)
+    policy = build(Batch1Policy, 4, rules={"live": live}, service=ServiceModel(a=0.02, c=0.005))
+    policy.add("live", 0, 0.0, "live0", 0.0)  # due by 0.03; a batch of 1 takes 0.025
+    decision = policy.poll(0.0, start_delay_s=start_delay_s)
+    assert [d.frame.item for d in decision.dropped] == dropped
+    assert items(decision.batch) == ([] if dropped else ["live0"])
