@@ -17,6 +17,7 @@ from streams.keys import StreamKeys
 from streams.messages import DetectionMessage
 
 DEFAULT_BLOCK_MS = 500
+DISCOVER_EVERY_S = 1.0  # how often to look for cameras that appeared since (all-cameras mode)
 
 
 class DetectionConsumer:
@@ -47,6 +48,7 @@ class DetectionConsumer:
         self._consumer = consumer or f"consume-{os.getpid()}"
         self._block_ms = block_ms
         self._positions: dict[str, str] = {}
+        self._discovered_at: float | None = None
 
     def _discover(self, first: bool) -> None:
         """Add streams not yet followed (all cameras: found by SCAN, so late cameras join)."""
@@ -82,10 +84,14 @@ class DetectionConsumer:
         """Messages as they arrive; stops after ``count`` or ``timeout_s`` without a new one."""
         delivered = 0
         last_activity = time.monotonic()
-        self._discover(first=True)
         while count is None or delivered < count:
-            if timeout_s is not None and time.monotonic() - last_activity >= timeout_s:
+            now = time.monotonic()
+            if timeout_s is not None and now - last_activity >= timeout_s:
                 return
+            if self._discovered_at is None or now - self._discovered_at >= DISCOVER_EVERY_S:
+                # busy streams must not hide a camera that starts later
+                self._discover(first=self._discovered_at is None)
+                self._discovered_at = now
             block = (
                 self._block_ms
                 if timeout_s is None
@@ -95,7 +101,6 @@ class DetectionConsumer:
             if not reply:
                 if not self._positions:
                     time.sleep(block / 1000)
-                self._discover(first=False)
                 continue
             last_activity = time.monotonic()
             for key, entries in reply:
