@@ -76,12 +76,13 @@ class Accounting:
                 state.dropped["decode_error"] += decode_errors
             state.ended, state.end_reason, state.end_error = True, reason, error
 
-    def on_shed(self, camera: str, cause: str) -> None:
-        """A received frame the batching policy dropped before inference."""
+    def on_shed(self, camera: str, cause: str, *, received: bool = True) -> None:
+        """A frame dropped before inference: by the batching policy (``received``), or an
+        earlier run's leftover that never belonged to this run's sessions."""
         with self._lock:
             state = self._state(camera)
             state.dropped[cause] += 1
-            state.shed += 1
+            state.shed += received
 
     def on_published(self, batch: list[tuple[str, float, float]], published: float) -> None:
         """A batch's frames are in Redis: ``(camera, latency_s, queue_delay_s)`` for each."""

@@ -86,17 +86,19 @@ class BatchWorker:
         detections_maxlen: int,
         until_done: bool,
         consumer_name: str = "batcher-0",
+        since_ms: int = 0,
         clock: Callable[[], float] = time.time,
     ):
+        """``since_ms``: Redis time at which this run began; older entries are an earlier run's."""
         self._redis = redis_client
         self._keys = keys
-        self._cameras = cameras
         self._detector = detector
         self._policy = policy
         self._accounting = accounting
         self._detections_maxlen = detections_maxlen
         self._until_done = until_done
         self._consumer = consumer_name
+        self._since_ms = since_ms
         self._clock = clock
         self._batch_ids = itertools.count()
         self._to_infer: queue.Queue[Any] = queue.Queue(maxsize=1)
@@ -148,9 +150,9 @@ class BatchWorker:
             wake_at = decision.wake_at
             block_s = IDLE_BLOCK_MS / 1000 if wake_at is None else max(wake_at - now, 0.001)
             if policy.waiting and not idle:
-                # a batch waits for the detector: sleep until it takes the prepared one, then
-                # read whatever arrived meanwhile without blocking
-                self._slot_freed.wait(block_s)
+                # a batch waits for the detector: only its taking the prepared one lets us
+                # dispatch, so sleep until then, and read what arrived meanwhile at once
+                self._slot_freed.wait(IDLE_BLOCK_MS / 1000)
                 self._slot_freed.clear()
                 block_ms = None
             else:
@@ -175,6 +177,7 @@ class BatchWorker:
         reply = self._redis.xreadgroup(
             FRAMES_GROUP, self._consumer, self._read_ids, count=count, block=block_ms
         )
+        dropped: list[Dropped[PendingFrame]] = []
         for key, entries in reply or []:
             key = key.decode()
             if self._read_ids[key] != ">" and not entries:
@@ -182,25 +185,33 @@ class BatchWorker:
             for entry_id, fields in entries:
                 if self._read_ids[key] != ">":
                     self._read_ids[key] = entry_id
-                self._receive(key, entry_id, fields)
+                dropped += self._receive(key, entry_id, fields)
+        self._drop(dropped)
 
-    def _receive(self, key: str, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
+    def _receive(
+        self, key: str, entry_id: bytes, fields: dict[bytes, bytes]
+    ) -> list[Dropped[PendingFrame]]:
+        """Hand one entry to the accounting and the policy; returns what the policy shed."""
         if not fields:  # a pending entry whose frame was trimmed: nothing left to process
             self._redis.xack(key, FRAMES_GROUP, entry_id)
-            return
+            return []
+        if int(entry_id.split(b"-")[0]) < self._since_ms:
+            # left by an earlier run (its last frames, its decoders' end entries): its own
+            # sessions, not this run's, so acknowledged and counted apart, never as gaps
+            self._accounting.on_shed(fields[b"camera"].decode(), "previous_run", received=False)
+            self._ack_and_delete(self._redis, key, [entry_id])
+            return []
         if message_kind(fields) == "end":
             end = EndOfStream.from_fields(fields)
             self._accounting.on_end(
                 end.camera, end.frames, end.reason, end.error, end.decode_errors
             )
             self._ack_and_delete(self._redis, key, [entry_id])
-            return
+            return []
         frame = FrameMessage.from_fields(fields)
         self._accounting.on_received(frame.camera, frame.seq)
         pending = PendingFrame(entry_id, frame)
-        self._drop(
-            self._policy.add(frame.camera, frame.seq, frame.captured, pending, self._clock())
-        )
+        return self._policy.add(frame.camera, frame.seq, frame.captured, pending, self._clock())
 
     def _drop(self, dropped: list[Dropped[PendingFrame]]) -> None:
         """Frames the policy shed (stale, superseded, overflow): counted, acknowledged, deleted."""
@@ -218,7 +229,7 @@ class BatchWorker:
         self._put(self._to_infer, PreparedBatch(next(self._batch_ids), frames, tensor, batched))
 
     def _put(self, stage: queue.Queue[Any], item: Any) -> None:
-        """Blocking put that gives up when a downstream stage has died."""
+        """Blocking put that gives up when a stage has died."""
         while True:
             try:
                 stage.put(item, timeout=0.1)
@@ -226,6 +237,16 @@ class BatchWorker:
             except queue.Full:
                 if self._failure is not None:
                     return
+
+    def _get(self, stage: queue.Queue[Any]) -> Any:
+        """Blocking get that ends the stage (``_DONE``) when another stage has died, so a
+        failure never leaves a thread waiting for an item that cannot come."""
+        while True:
+            try:
+                return stage.get(timeout=0.1)
+            except queue.Empty:
+                if self._failure is not None:
+                    return _DONE
 
     # --- inference and publishing ---------------------------------------------------------------
     def _guard(self, loop: Callable[[], None]) -> None:
@@ -237,7 +258,7 @@ class BatchWorker:
 
     def _infer_loop(self) -> None:
         try:
-            while (item := self._to_infer.get()) is not _DONE:
+            while (item := self._get(self._to_infer)) is not _DONE:
                 self._slot_freed.set()
                 started = time.perf_counter()
                 self._running = (started, len(item.frames))
@@ -250,7 +271,7 @@ class BatchWorker:
 
     def _publish_loop(self) -> None:
         client = self._redis
-        while (item := self._to_publish.get()) is not _DONE:
+        while (item := self._get(self._to_publish)) is not _DONE:
             frames = item.prepared.frames
             messages = [q.item.message for q in frames]
             geometries = [

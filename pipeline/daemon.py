@@ -104,7 +104,7 @@ def batching_policy(config: Config, *, until_done: bool) -> BatchPolicy[Any]:
         max_wait_ms=batching.max_wait_ms,
         preferred_batch_sizes=batching.preferred_batch_sizes,
         # room for a read of one frame per camera on top of the batches being formed
-        max_queue_frames=batching.max_queue_frames or max(4 * batching.max_batch_size, 2 * cameras),
+        max_queue_frames=max(batching.max_queue_frames or 4 * batching.max_batch_size, 2 * cameras),
         camera_rules={camera.id: rules(camera) for camera in config.cameras},
         target_utilisation=batching.target_utilisation,
         latency_target_ms=batching.latency_target_ms,
@@ -175,6 +175,8 @@ class Pipeline:
             keys = StreamKeys(self.config.redis.prefix)
             self._prepare_streams(client, keys)
             events_seen = EventLog(client, keys).last_id()  # report every event of this run
+            seconds, micros = client.time()
+            since_ms = seconds * 1000 + micros // 1000  # stream entries older than this run
             # Decoders start first: their start-up overlaps the model load and warm-up.
             decoders_stop = multiprocessing.get_context("spawn").Event()
             letterbox = Letterbox(self.config.model.imgsz, self.config.model.imgsz)
@@ -199,6 +201,7 @@ class Pipeline:
                 accounting=accounting,
                 detections_maxlen=self.config.redis.detections_maxlen,
                 until_done=self.until_done,
+                since_ms=since_ms,
             )
             batcher_stop = threading.Event()
             batcher_error: list[BaseException] = []

@@ -64,7 +64,10 @@ class DetectionConsumer:
             if self._group is not None:
                 try:
                     self._redis.xgroup_create(
-                        key, self._group, id="0" if self._from_start else "$", mkstream=True
+                        key,
+                        self._group,
+                        id="0" if self._from_start or not first else "$",
+                        mkstream=True,
                     )
                 except redis.ResponseError as exc:
                     if "BUSYGROUP" not in str(exc):

@@ -81,6 +81,7 @@ class DecodeWorker:
         self._events = EventLog(redis_client, keys)
         self.seq = 0
         self.decode_errors = 0
+        self._room = 0  # frames that may still be added before asking XLEN again
 
     def run(self, stop: StopSignal) -> EndOfStream:
         """Decode until the source ends (files), ``stop`` is set, or a file fails."""
@@ -97,7 +98,7 @@ class DecodeWorker:
             try:
                 with source:
                     self._events.emit(spec.camera, "opened", redact_url(spec.url))
-                    backoff = spec.reconnect_initial_s
+                    backoff, error = spec.reconnect_initial_s, ""
                     self._publish_frames(source, stop)
             except SourceError as exc:
                 error = str(exc)
@@ -162,10 +163,15 @@ class DecodeWorker:
             self.seq += 1
 
     def _wait_for_room(self, stop: StopSignal) -> bool:
-        """Block while the backlog is full (acknowledged frames are deleted, so XLEN = backlog)."""
-        while self._redis.xlen(self._stream_key) >= self.spec.max_backlog:
-            if stop.wait(BACKPRESSURE_POLL_S):
+        """Block while the backlog is full (acknowledged frames are deleted, so XLEN = backlog).
+
+        Only this worker adds to its stream, so room seen once lasts until it is used up:
+        XLEN is asked again only then, not for every frame."""
+        while self._room <= 0:
+            self._room = self.spec.max_backlog - self._redis.xlen(self._stream_key)
+            if self._room <= 0 and stop.wait(BACKPRESSURE_POLL_S):
                 return False
+        self._room -= 1
         return True
 
 

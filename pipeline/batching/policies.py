@@ -76,8 +76,8 @@ class BatchPolicy(Generic[T]):
         # can each frame still finish in time in the batch it would go in now?
         horizon = start_delay_s + self.service.estimate(size or max(self.fit(self.waiting), 1))
         dropped = self.queues.expire(now, horizon)
-        if dropped and size:  # fewer frames now: decide again (never larger than planned)
-            size = min(size, self.size_now(now)) if self.waiting else 0
+        if dropped and size:  # fewer frames now: never more than are left
+            size = min(size, self.fit(self.waiting))
         if size <= 0:
             return Decision([], dropped, self.wake_at(now) if self.waiting else None)
         return Decision(self.queues.take(size), dropped, None)

@@ -25,7 +25,6 @@ T = TypeVar("T")
 RATE_SMOOTHING = 0.1  # EWMA weight of a new frame interval
 IDLE_CAMERA_S = 2.0  # a camera silent this long no longer counts towards the arrival rate
 RATE_REFRESH_S = 0.1  # the summed arrival rate moves slowly: recompute it at most this often
-_TIMES = ("dispatch_by", "arrived", "expires")  # per-frame times whose minimum is kept cached
 
 
 @dataclass(frozen=True)
@@ -107,9 +106,9 @@ class FrameQueues(Generic[T]):
         # per level, cameras in least-recently-served order (the round-robin pointer)
         self._levels: dict[int, OrderedDict[str, None]] = {}
         self._waiting = 0
-        # Minimum of each of _TIMES over waiting frames: lowered on add, dropped (recomputed on
-        # demand) when frames leave. Frames leave once per batch but polls come once per frame,
-        # so this keeps polls from scanning every queue at 1000 cameras.
+        # Minimum of dispatch_by / arrived / expires over waiting frames: lowered on add,
+        # forgotten (recomputed on demand) when frames leave. Frames leave once per batch but
+        # polls come once per frame, so polls need not scan every queue at 1000 cameras.
         self._minimum: dict[str, float | None] = {}
         self._rate: tuple[float, float] | None = None  # (computed at, frames/s)
 
@@ -206,8 +205,11 @@ class FrameQueues(Generic[T]):
             queues = [self._cameras[c].queue for c in self._levels[level] if self._cameras[c].queue]
             if queues:
                 self._waiting -= 1
-                self._minimum.clear()
-                return max(queues, key=len).popleft()
+                frame = max(queues, key=len).popleft()
+                for name, known in list(self._minimum.items()):
+                    if getattr(frame, name) == known:  # only a minimum it held goes stale
+                        del self._minimum[name]
+                return frame
         raise RuntimeError("evict called with nothing waiting")
 
     def expire(self, now: float, service_s: float) -> list[Dropped[T]]:
