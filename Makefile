@@ -13,7 +13,7 @@ demo: setup
 
 test: setup-tests
 	.venv/bin/ruff check pipeline streams detectors samples tests
-	.venv/bin/python -m pytest -q -p no:cacheprovider --durations=15
+	YOLO_CONFIG_DIR=$(CURDIR)/.venv/yolo-config YOLO_OFFLINE=1 .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15
 
 bench: setup
 	.venv/bin/framebatch bench --rounds 3 --output docs/bench-latest.json

@@ -9,7 +9,8 @@ packages=(redis-server ffmpeg python3-venv)
 if [[ "${1:-}" == "--tests" ]]; then
   packages+=(gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-base gstreamer1.0-plugins-good
              gstreamer1.0-plugins-bad gstreamer1.0-plugins-ugly gstreamer1.0-libav python3-gi)
-  extras="[test]"
+  # the tests cover the torch backends and `framebatch export`, so they take both extras
+  extras="[test,ultralytics]"
 else
   extras=""
 fi
@@ -35,6 +36,11 @@ stamp=".venv/.framebatch-installed${extras}"
 if [[ ! -f "$stamp" || pyproject.toml -nt "$stamp" ]]; then
   echo "bootstrap: installing framebatch${extras} into .venv"
   .venv/bin/python -m pip install -q --upgrade pip
+  if [[ "$extras" == *ultralytics* ]]; then
+    # pinned first: an unpinned torch resolves to a multi-GB download; these come from local disk
+    .venv/bin/python -m pip install -q "torch==${TORCH_VERSION:-2.14.1}" \
+      "torchvision==${TORCHVISION_VERSION:-0.29.1}"
+  fi
   .venv/bin/python -m pip install -q -e ".${extras}"
   touch "$stamp"
 fi

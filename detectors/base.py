@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from detectors.postprocess import Thresholds
+
+#: How to install what each optional backend needs; named in BackendUnavailable messages.
+EXTRAS = {
+    "torch": "pip install 'framebatch[torch]'  (torch and torchvision)",
+    "ultralytics": "pip install 'framebatch[ultralytics]'  (AGPL-3.0: torch + ultralytics)",
+    "tensorrt": "pip install tensorrt  (TensorRT 10 for your CUDA version; or NVIDIA's container)",
+}
 
 
 class BackendUnavailable(RuntimeError):
@@ -28,18 +39,47 @@ class ModelInfo:
         return names[class_id] if 0 <= class_id < len(names) else str(class_id)
 
 
+def parse_device(device: str) -> tuple[str, int | None]:
+    """``cpu`` -> ("cpu", None); ``cuda``/``cuda:N`` -> ("cuda", N); anything else: ValueError."""
+    if device == "cpu":
+        return "cpu", None
+    if device == "cuda":
+        return "cuda", 0
+    kind, _, index = device.partition(":")
+    if kind == "cuda" and index.isdigit():
+        return "cuda", int(index)
+    raise ValueError(f"unknown device {device!r} (expected cpu, cuda or cuda:N)")
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """How to run a model; each backend uses the options that apply to it."""
+
+    imgsz: int = 640
+    device: str = "cpu"  # cpu | cuda | cuda:N
+    threads: int | None = None  # CPU intra-op threads (ONNX Runtime, torch on CPU)
+    half: bool = False  # FP16 weights and input on CUDA (torch backends)
+    max_batch: int = 32  # sizes the pinned buffer pool of the device path
+    thresholds: Thresholds = field(default_factory=Thresholds)  # for NMS on the device
+    nms: Literal["device", "host"] = "device"  # device path: NMS on the device or on the host
+    double_buffer: bool = True  # device path: upload batch k+1 while batch k computes
+    cuda_graphs: bool = False  # device path: capture one CUDA graph per warmed-up batch size
+
+
 class Backend(Protocol):
     """A loaded model that runs a whole batch in one call.
 
-    ``prepare`` turns a uint8 NHWC BGR batch into the backend's input (normalisation, layout,
-    upload); it is split from ``infer`` so the next batch can be prepared while this one runs.
-    ``infer`` returns the raw YOLOv8 output ``(N, 4 + classes, anchors)`` as float32 on the host.
-    A backend instance belongs to one thread.
+    ``prepare`` turns letterboxed uint8 HxWx3 BGR images into the backend's input
+    (normalisation, layout, upload); it is split from ``infer`` so the next batch can be
+    prepared while this one runs. ``prepare`` and ``infer`` may run on two different threads
+    (one each). ``infer`` returns either the raw YOLOv8 output ``(N, 4 + classes, anchors)`` as
+    float32 on the host, or, for backends that run NMS on the device, one
+    ``InputDetections`` per image.
     """
 
     info: ModelInfo
 
-    def prepare(self, images: Any) -> Any: ...
+    def prepare(self, images: Sequence[np.ndarray]) -> Any: ...
 
     def infer(self, prepared: Any) -> Any: ...
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from detectors.base import Backend, ModelInfo
-from detectors.postprocess import ImageDetections, Thresholds, postprocess
+from detectors.postprocess import ImageDetections, InputDetections, Thresholds, postprocess
 from detectors.preprocess import Letterbox, LetterboxGeometry
 
 
@@ -32,15 +32,18 @@ class Detector:
         return Letterbox(width=self.info.input_width, height=self.info.input_height)
 
     def prepare(self, images: Sequence[np.ndarray]) -> Any:
-        return self.backend.prepare(np.stack(images))
+        return self.backend.prepare(images)
 
-    def infer(self, prepared: Any) -> np.ndarray:
+    def infer(self, prepared: Any) -> np.ndarray | list[InputDetections]:
         return self.backend.infer(prepared)
 
     def postprocess(
-        self, raw: np.ndarray, geometries: Sequence[LetterboxGeometry]
+        self, raw: np.ndarray | list[InputDetections], geometries: Sequence[LetterboxGeometry]
     ) -> list[ImageDetections]:
-        return postprocess(raw, geometries, self.thresholds)
+        """Raw output: decode + NMS here; a device backend's NMS results: only un-letterbox."""
+        if isinstance(raw, np.ndarray):
+            return postprocess(raw, geometries, self.thresholds)
+        return [found.to_original(g) for found, g in zip(raw, geometries, strict=True)]
 
     def detect(
         self, images: Sequence[np.ndarray], geometries: Sequence[LetterboxGeometry]

@@ -5,10 +5,11 @@ from __future__ import annotations
 import ast
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from detectors.base import BackendUnavailable, ModelInfo
+from detectors.base import BackendOptions, BackendUnavailable, ModelInfo, parse_device
 
 COCO_FALLBACK_CLASSES = 80
 
@@ -30,9 +31,10 @@ class OnnxRuntimeBackend:
 
     name = "onnxruntime"
 
-    def __init__(
-        self, path: Path, *, imgsz: int = 640, threads: int | None = None, device: str = "cpu"
-    ):
+    def __init__(self, path: Path, options: BackendOptions | None = None):
+        options = options or BackendOptions()
+        imgsz, threads = options.imgsz, options.threads
+        device_kind, device_index = parse_device(options.device)
         try:
             import onnxruntime as ort
         except ImportError as exc:  # pragma: no cover - core dependency
@@ -46,9 +48,7 @@ class OnnxRuntimeBackend:
         if threads is not None:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
-        providers = ["CPUExecutionProvider"]
-        if device.startswith("cuda") and "CUDAExecutionProvider" in ort.get_available_providers():
-            providers.insert(0, "CUDAExecutionProvider")
+        providers = self._providers(ort.get_available_providers(), device_kind, device_index)
         self._session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
         model_input = self._session.get_inputs()[0]
         self._input_name = model_input.name
@@ -69,12 +69,28 @@ class OnnxRuntimeBackend:
             max_batch=batch if isinstance(batch, int) else None,
         )
 
-    def prepare(self, images: np.ndarray) -> np.ndarray:
-        """uint8 NHWC BGR -> float32 NCHW RGB in [0, 1] (a new array: it crosses threads)."""
-        batch, height, width, _ = images.shape
-        tensor = np.empty((batch, 3, height, width), np.float32)
-        for channel in range(3):  # per-channel writes: half the cost of one strided astype
-            np.divide(images[..., 2 - channel], 255.0, out=tensor[:, channel], dtype=np.float32)
+    @staticmethod
+    def _providers(available: list[str], device_kind: str, device_index: int | None) -> list[Any]:
+        """CPU here; on ``cuda:N`` TensorRT then CUDA first when this onnxruntime build has them."""
+        if device_kind == "cpu":
+            return ["CPUExecutionProvider"]
+        gpu = [p for p in ("TensorrtExecutionProvider", "CUDAExecutionProvider") if p in available]
+        if not gpu:
+            raise BackendUnavailable(
+                f"device {device_kind}:{device_index} asked for, but this onnxruntime has no CUDA "
+                f"provider (available: {', '.join(available)}): pip install onnxruntime-gpu"
+            )
+        return [(p, {"device_id": device_index}) for p in gpu] + ["CPUExecutionProvider"]
+
+    def prepare(self, images: Sequence[np.ndarray]) -> np.ndarray:
+        """uint8 HxWx3 BGR images -> float32 NCHW RGB in [0, 1] (a new array: crosses threads)."""
+        height, width, _ = images[0].shape
+        tensor = np.empty((len(images), 3, height, width), np.float32)
+        for index, image in enumerate(images):
+            for channel in range(3):  # per-channel writes: half the cost of one strided astype
+                np.divide(
+                    image[..., 2 - channel], 255.0, out=tensor[index, channel], dtype=np.float32
+                )
         return tensor
 
     def infer(self, prepared: np.ndarray) -> np.ndarray:
@@ -83,8 +99,8 @@ class OnnxRuntimeBackend:
 
     def warmup(self, batch_sizes: Sequence[int]) -> None:
         for size in batch_sizes:
-            blank = np.full((size, self.info.input_height, self.info.input_width, 3), 114, np.uint8)
-            self.infer(self.prepare(blank))
+            blank = np.full((self.info.input_height, self.info.input_width, 3), 114, np.uint8)
+            self.infer(self.prepare([blank] * size))
 
     def close(self) -> None:
         self._session = None

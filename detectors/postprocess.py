@@ -42,6 +42,19 @@ class ImageDetections:
         return len(self.scores)
 
 
+@dataclass(frozen=True, eq=False)
+class InputDetections:
+    """Detections of one image after NMS, still in model-input pixels (what a device returns)."""
+
+    boxes: np.ndarray  # (K, 4) float32 xyxy
+    scores: np.ndarray  # (K,) float32
+    class_ids: np.ndarray  # (K,) int64
+
+    def to_original(self, geometry: LetterboxGeometry) -> ImageDetections:
+        """Undo the letterbox: boxes in the original frame's pixels, clipped to it."""
+        return ImageDetections(_to_original(self.boxes, geometry), self.scores, self.class_ids)
+
+
 def nms(boxes: np.ndarray, scores: np.ndarray, iou_threshold: float) -> np.ndarray:
     """Greedy NMS: indices of kept boxes, highest score first (like ``torchvision.ops.nms``)."""
     order = np.argsort(-scores, kind="stable")
@@ -61,7 +74,7 @@ def nms(boxes: np.ndarray, scores: np.ndarray, iou_threshold: float) -> np.ndarr
 
 def _to_original(boxes: np.ndarray, geometry: LetterboxGeometry) -> np.ndarray:
     pad = np.array([geometry.pad_x, geometry.pad_y, geometry.pad_x, geometry.pad_y], np.float32)
-    boxes = (boxes - pad) / np.float32(geometry.scale)
+    boxes = (boxes.astype(np.float32, copy=False) - pad) / np.float32(geometry.scale)
     boxes[:, [0, 2]] = boxes[:, [0, 2]].clip(0, geometry.width)
     boxes[:, [1, 3]] = boxes[:, [1, 3]].clip(0, geometry.height)
     return boxes

@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import importlib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from detectors.base import Backend
+from detectors.base import EXTRAS, Backend, BackendOptions, BackendUnavailable
 
-# name -> "module:Class"; imported lazily so heavy libraries load only when used.
-BACKENDS: dict[str, str] = {
-    "onnxruntime": "detectors.onnx_backend:OnnxRuntimeBackend",
+# name -> ("module:Class", extra that provides its libraries); imported lazily so heavy
+# libraries load only when used.
+BACKENDS: dict[str, tuple[str, str | None]] = {
+    "onnxruntime": ("detectors.onnx_backend:OnnxRuntimeBackend", None),
+    "torchscript": ("detectors.torch_backend:TorchScriptBackend", "torch"),
+    "ultralytics": ("detectors.ultralytics_backend:UltralyticsBackend", "ultralytics"),
+    "tensorrt": ("detectors.tensorrt_backend:TensorRTBackend", "tensorrt"),
 }
 SUFFIXES: dict[str, str] = {
     ".onnx": "onnxruntime",
+    ".torchscript": "torchscript",
+    ".pt": "ultralytics",
+    ".engine": "tensorrt",
 }
 
 
@@ -32,10 +40,27 @@ def backend_name_for(path: Path, backend: str = "auto") -> str:
         ) from None
 
 
-def load_backend(path: Path, backend: str = "auto", **options: Any) -> Backend:
-    """Load a model with the backend chosen for it."""
+def backend_class(name: str) -> type[Any]:
+    """The class of backend ``name``; BackendUnavailable names the extra when a library is
+    missing (the project's own modules are always there, so any missing module is a library)."""
+    target, extra = BACKENDS[name]
+    module_name, class_name = target.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if extra is None or (exc.name or "").split(".")[0] in ("detectors", "pipeline", "streams"):
+            raise
+        raise BackendUnavailable(
+            f"the {name} backend needs {exc.name!r}, which is not installed: {EXTRAS[extra]}"
+        ) from exc
+    return getattr(module, class_name)
+
+
+def load_backend(
+    path: Path, backend: str = "auto", options: BackendOptions | None = None, **overrides: Any
+) -> Backend:
+    """Load a model with the backend chosen for it (``overrides`` replace fields of options)."""
     if not path.is_file():
         raise FileNotFoundError(f"model file not found: {path}")
-    module_name, class_name = BACKENDS[backend_name_for(path, backend)].split(":")
-    backend_class = getattr(importlib.import_module(module_name), class_name)
-    return backend_class(path, **options)
+    options = replace(options or BackendOptions(), **overrides)
+    return backend_class(backend_name_for(path, backend))(path, options)

@@ -1,0 +1,199 @@
+"""The device path shared by the torch and TensorRT backends.
+
+A batch goes through two calls, made on two threads by the batch worker:
+
+* ``stage`` (reader thread): copy the letterboxed uint8 frames into a pinned host slot and,
+  on CUDA, start the upload on the *upload* stream and record an event;
+* ``run`` (inference thread): on the *compute* stream, wait for that event, normalise on the
+  device (BGR→RGB, /255, NHWC→NCHW, FP16 if asked), run the model, run NMS on the device, and
+  copy only the kept boxes back to pinned host memory.
+
+So while batch k computes, batch k+1 uploads: double buffering, with a pool of slots (pinned
+host buffer + device buffer sized for the max batch, allocated once). A slot returns to the
+pool only when the batch that used it has finished on the device. ``double_buffer=False``
+uploads on the compute stream instead (the single-buffered baseline of the benchmark).
+
+On the CPU the same code runs without streams, pinned memory or graphs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from detectors.base import BackendOptions
+from detectors.postprocess import InputDetections
+from detectors.torch_nms import decode_nms
+
+#: Slots in flight: one being filled by the reader, one waiting for the detector, one computing.
+SLOTS = 3
+#: Runs per batch size at warm-up: TorchScript's profiling executor optimises on the third run.
+WARMUP_RUNS = 3
+
+DeviceModel = Callable[[torch.Tensor], torch.Tensor]  # (N,3,H,W) input -> (N,4+C,A) raw
+
+
+@dataclass
+class _Slot:
+    host: torch.Tensor  # (max_batch, H, W, 3) uint8, pinned on CUDA
+    host_view: np.ndarray  # the same memory, for numpy copies
+    device: torch.Tensor  # (max_batch, H, W, 3) uint8 on the model's device (the host on CPU)
+    uploaded: Any  # torch.cuda.Event, None on the CPU
+
+
+@dataclass(frozen=True)
+class StagedBatch:
+    """A batch in a slot; on CUDA its upload may still be in flight."""
+
+    slot: _Slot
+    size: int
+
+
+class _GraphedForward:
+    """One CUDA graph of normalise + model for a fixed batch size (static input and output)."""
+
+    def __init__(self, forward: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor):
+        self.input = example.clone()
+        side = torch.cuda.Stream(device=example.device)
+        side.wait_stream(torch.cuda.current_stream(example.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm-up outside capture (lazy init, autotuning)
+                forward(self.input)
+        torch.cuda.current_stream(example.device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.output = forward(self.input)
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        self.input.copy_(images, non_blocking=True)
+        self.graph.replay()
+        return self.output
+
+
+class DeviceRunner:
+    """Stages and runs batches of a :data:`DeviceModel` on one device."""
+
+    def __init__(
+        self,
+        model: DeviceModel,
+        *,
+        input_dtype: torch.dtype,
+        height: int,
+        width: int,
+        options: BackendOptions,
+        graphs_allowed: bool = True,
+    ):
+        self._model = model
+        self._dtype = input_dtype
+        self._options = options
+        self.device = torch.device(options.device)
+        self.cuda = self.device.type == "cuda"
+        self._graphs_on = options.cuda_graphs and graphs_allowed and self.cuda
+        self._graphs: dict[int, _GraphedForward] = {}
+        self._free: queue.Queue[_Slot] = queue.Queue()
+        shape = (options.max_batch, height, width, 3)
+        for _ in range(SLOTS):
+            host = torch.empty(shape, dtype=torch.uint8, pin_memory=self.cuda)
+            device = (
+                torch.empty(shape, dtype=torch.uint8, device=self.device) if self.cuda else host
+            )
+            event = torch.cuda.Event() if self.cuda else None
+            self._free.put(_Slot(host, host.numpy(), device, event))
+        if self.cuda:
+            self._upload_stream = torch.cuda.Stream(device=self.device)
+            self._compute_stream = torch.cuda.Stream(device=self.device)
+            self._results_ready = torch.cuda.Event()
+
+    # --- the two halves ---------------------------------------------------------------------
+    def stage(self, images: Sequence[np.ndarray]) -> StagedBatch:
+        """Copy ``images`` into a free slot and start their upload (blocks while none is free)."""
+        size = len(images)
+        if size > self._options.max_batch:
+            raise ValueError(f"batch of {size} exceeds max_batch {self._options.max_batch}")
+        slot = self._free.get()
+        for index, image in enumerate(images):
+            slot.host_view[index] = image
+        if self.cuda and self._options.double_buffer:
+            with torch.cuda.stream(self._upload_stream):
+                slot.device[:size].copy_(slot.host[:size], non_blocking=True)
+                slot.uploaded.record(self._upload_stream)
+        return StagedBatch(slot, size)
+
+    def run(self, staged: StagedBatch) -> np.ndarray | list[InputDetections]:
+        """Run a staged batch to the end; returns NMS results (or the raw output, ``nms: host``)."""
+        slot, size = staged.slot, staged.size
+        try:
+            stream = torch.cuda.stream(self._compute_stream) if self.cuda else _no_stream()
+            with stream, torch.inference_mode():
+                if self.cuda:
+                    if self._options.double_buffer:
+                        self._compute_stream.wait_event(slot.uploaded)
+                    else:
+                        slot.device[:size].copy_(slot.host[:size], non_blocking=True)
+                raw = self._forward(slot.device[:size])
+                if self._options.nms == "host":
+                    return raw.float().cpu().numpy()  # synchronises
+                return self._nms_to_host(raw)
+        finally:
+            self._free.put(slot)  # its batch has finished on the device (synchronised above)
+
+    def _forward(self, images: torch.Tensor) -> torch.Tensor:
+        graph = self._graphs.get(len(images))
+        return graph(images) if graph is not None else self._normalised_model(images)
+
+    def _normalised_model(self, images: torch.Tensor) -> torch.Tensor:
+        # uint8 NHWC BGR -> NCHW RGB in [0, 1]; the same float32 division as the host path
+        tensor = images.permute(0, 3, 1, 2).flip(1)
+        tensor = tensor.to(torch.float32).div_(255.0).to(self._dtype).contiguous()
+        return self._model(tensor)
+
+    def _nms_to_host(self, raw: torch.Tensor) -> list[InputDetections]:
+        packed = decode_nms(raw, self._options.thresholds)
+        if self.cuda:  # one asynchronous copy of the kept rows, then wait for it
+            rows = torch.empty(packed.rows.shape, dtype=torch.float32, pin_memory=True)
+            counts = torch.empty(packed.counts.shape, dtype=torch.int64, pin_memory=True)
+            rows.copy_(packed.rows, non_blocking=True)
+            counts.copy_(packed.counts, non_blocking=True)
+            self._results_ready.record(self._compute_stream)
+            self._results_ready.synchronize()
+        else:
+            rows, counts = packed.rows, packed.counts
+        rows_np = rows.numpy()
+        found, start = [], 0
+        for count in counts.tolist():
+            chunk = rows_np[start : start + count]
+            found.append(InputDetections(chunk[:, :4], chunk[:, 4], chunk[:, 5].astype(np.int64)))
+            start += count
+        return found
+
+    # --- lifecycle --------------------------------------------------------------------------
+    def warmup(self, batch_sizes: Sequence[int], height: int, width: int) -> None:
+        """Run each size (lazy init, autotuning, JIT); capture its CUDA graph when enabled."""
+        for size in batch_sizes:
+            blank = [np.full((height, width, 3), 114, np.uint8)] * size
+            for _ in range(WARMUP_RUNS):
+                self.run(self.stage(blank))
+            if self._graphs_on and size not in self._graphs:
+                with torch.inference_mode():
+                    example = torch.full(
+                        (size, height, width, 3), 114, dtype=torch.uint8, device=self.device
+                    )
+                    self._graphs[size] = _GraphedForward(self._normalised_model, example)
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def close(self) -> None:
+        self._graphs.clear()
+        self._model = None  # type: ignore[assignment]
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+
+def _no_stream() -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext()

@@ -1,0 +1,232 @@
+"""``framebatch export``: an Ultralytics ``.pt`` to ONNX, TorchScript or a TensorRT engine.
+
+The conversion is framebatch's own (``torch.onnx.export`` / ``torch.jit.trace`` of the raw
+``(N, 4 + classes, anchors)`` head), so the files carry exactly what framebatch's backends
+read, in Ultralytics' own metadata layout (ONNX ``metadata_props``, TorchScript ``config.txt``,
+the engine's JSON header), so each side can load the other's files. Ultralytics (AGPL-3.0,
+the optional extra) is needed only to unpickle the ``.pt``; an engine can also be built from
+an ``.onnx`` without it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from importlib import metadata as package_metadata
+from pathlib import Path
+from typing import Any, Literal
+
+from detectors.preprocess import Letterbox
+
+log = logging.getLogger(__name__)
+
+ExportFormat = Literal["onnx", "torchscript", "engine"]
+FORMATS: tuple[str, ...] = ("onnx", "torchscript", "engine")
+SUFFIX = {"onnx": ".onnx", "torchscript": ".torchscript", "engine": ".engine"}
+ONNX_OPSET = 17  # what TensorRT 10 and onnxruntime >= 1.14 both read
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """One export: source model, target format and the engine's batch profile."""
+
+    source: Path  # .pt (any format) or .onnx (engine only)
+    format: ExportFormat
+    output: Path | None = None  # default: the source with the format's suffix
+    imgsz: int = 640
+    max_batch: int = 32
+    opt_batch: int = 8  # the engine profile's optimum: the batcher's preferred size
+    half: bool = False
+    int8: bool = False
+    calib_clips: tuple[Path, ...] = ()
+    calib_frames: int = 256
+    device: str = "cpu"
+    workspace_gib: float = 4.0
+    extra_metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def target(self) -> Path:
+        return self.output or self.source.with_suffix(SUFFIX[self.format])
+
+    def check(self) -> None:
+        """Argument errors, before anything heavy is loaded."""
+        if self.format not in FORMATS:
+            raise ValueError(f"unknown format {self.format!r} (expected {', '.join(FORMATS)})")
+        suffix = self.source.suffix.lower()
+        if suffix not in (".pt", ".onnx") or (suffix == ".onnx" and self.format != "engine"):
+            raise ValueError(
+                f"cannot export {self.source.name} to {self.format}: the source must be a .pt "
+                "(or an .onnx with a dynamic batch axis for --format engine)"
+            )
+        if not 1 <= self.opt_batch <= self.max_batch:
+            raise ValueError(f"--opt-batch {self.opt_batch} must be within 1..{self.max_batch}")
+        if self.imgsz % 32:
+            raise ValueError(f"--imgsz {self.imgsz} must be a multiple of 32")
+        if self.int8 and self.format != "engine":
+            raise ValueError("--int8 is for --format engine only")
+        if self.int8 and not self.calib_clips:
+            raise ValueError("--int8 needs --calib-clips: real frames to calibrate on")
+        if self.half and self.format != "engine" and not self.device.startswith("cuda"):
+            raise ValueError("--half exports need --device cuda (FP16 is for GPUs)")
+
+
+def metadata(request: ExportRequest, names: dict[int, str], stride: int) -> dict[str, Any]:
+    """Model facts in Ultralytics' layout, plus the batch profile framebatch reads."""
+    try:
+        version = package_metadata.version("framebatch")
+    except package_metadata.PackageNotFoundError:  # running from a source tree
+        version = "0"
+    return {
+        "description": "YOLOv8 exported by framebatch",
+        "author": "framebatch",
+        "date": datetime.now(UTC).isoformat(),
+        "version": version,
+        "license": "AGPL-3.0 (Ultralytics weights)",
+        "stride": stride,
+        "task": "detect",
+        "batch": request.max_batch,
+        "imgsz": [request.imgsz, request.imgsz],
+        "names": names,
+        "dynamic": True,
+        "half": request.half,
+        "int8": request.int8,
+        "min_batch": 1,
+        "opt_batch": request.opt_batch,
+        "max_batch": request.max_batch,
+        **request.extra_metadata,
+    }
+
+
+def export(request: ExportRequest) -> Path:
+    """Write the exported model; returns its path."""
+    request.check()
+    request.target.parent.mkdir(parents=True, exist_ok=True)
+    if request.format == "engine":
+        return _export_engine(request)
+    model, names, stride, example = _load_for_export(request)
+    facts = metadata(request, names, stride)
+    if request.format == "onnx":
+        return _export_onnx(model, example, request.target, facts)
+    return _export_torchscript(model, example, request.target, facts)
+
+
+def _load_for_export(request: ExportRequest) -> tuple[Any, dict[int, str], int, Any]:
+    import torch
+
+    from detectors.base import BackendOptions
+    from detectors.torch_backend import check_device
+    from detectors.ultralytics_backend import RawOutput, load_checkpoint
+
+    device = check_device(BackendOptions(device=request.device))
+    model, facts = load_checkpoint(request.source, device)
+    for module in model.modules():  # Ultralytics' export switches on its Detect head
+        if hasattr(module, "export") and hasattr(module, "dynamic"):
+            module.export, module.dynamic, module.format = True, True, "onnx"
+    dtype = torch.float16 if request.half else torch.float32
+    model = model.to(dtype)
+    example = torch.zeros(1, 3, request.imgsz, request.imgsz, dtype=dtype, device=device)
+    names = {int(k): str(v) for k, v in facts["names"].items()}
+    return RawOutput(model).eval(), names, facts["stride"], example
+
+
+def _export_onnx(model: Any, example: Any, target: Path, facts: dict[str, Any]) -> Path:
+    import onnx
+    import torch
+
+    torch.onnx.export(
+        model,
+        (example,),
+        str(target),
+        input_names=["images"],
+        output_names=["output0"],
+        dynamic_axes={"images": {0: "batch"}, "output0": {0: "batch"}},
+        opset_version=ONNX_OPSET,
+        dynamo=False,  # the TorchScript-based exporter: plain opset-17 graphs TensorRT parses
+        do_constant_folding=True,
+    )
+    proto = onnx.load(str(target))
+    for key, value in facts.items():  # Ultralytics stores Python literals as strings
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, str(value)
+    onnx.save(proto, str(target))
+    return target
+
+
+def _export_torchscript(model: Any, example: Any, target: Path, facts: dict[str, Any]) -> Path:
+    import torch
+
+    with torch.no_grad():
+        traced = torch.jit.trace(model, example, strict=False, check_trace=False)
+    traced.save(str(target), _extra_files={"config.txt": json.dumps(facts)})
+    return target
+
+
+def _export_engine(request: ExportRequest) -> Path:
+    from detectors.tensorrt_build import build_engine, int8_accuracy_report, letterboxed_frames
+    from detectors.tensorrt_engine import import_tensorrt
+
+    import_tensorrt()  # before the ONNX step: fail fast where TensorRT is missing
+    onnx_path = request.source
+    names: dict[int, str]
+    if request.source.suffix.lower() == ".pt":
+        onnx_path = request.target.with_suffix(".onnx")
+        export(replace(request, format="onnx", output=onnx_path, half=False))
+    names, stride = _onnx_facts(onnx_path)
+    facts = metadata(request, names, stride)
+    calibration = None
+    if request.int8:
+        per_clip = max(1, request.calib_frames // len(request.calib_clips))
+        letterbox = Letterbox(request.imgsz, request.imgsz)
+        frames = letterboxed_frames(request.calib_clips, letterbox, frames_per_clip=per_clip)
+        calibration = [boxed.pixels for boxed in frames]
+    cache_dir = request.target.parent
+    build = dict(
+        imgsz=request.imgsz,
+        min_batch=1,
+        opt_batch=request.opt_batch,
+        max_batch=request.max_batch,
+        timing_cache=cache_dir / "framebatch.timing-cache",
+        workspace_gib=request.workspace_gib,
+    )
+    engine = build_engine(
+        onnx_path,
+        request.target,
+        half=request.half or request.int8,
+        int8=request.int8,
+        calibration_images=calibration,
+        calibration_cache=request.target.with_suffix(".calib-cache") if request.int8 else None,
+        metadata=facts,
+        **build,
+    )
+    if request.int8:  # an INT8 engine is checked against FP16 on the same clips
+        fp16 = request.target.with_name(request.target.stem + "-fp16.engine")
+        build_engine(
+            onnx_path,
+            fp16,
+            half=True,
+            int8=False,
+            calibration_images=None,
+            calibration_cache=None,
+            metadata={**facts, "int8": False, "half": True},
+            **build,
+        )
+        report = int8_accuracy_report(engine, fp16, request.calib_clips)
+        report_path = request.target.with_suffix(".int8-report.md")
+        report_path.write_text(report.to_markdown(), encoding="utf-8")
+        log.info("INT8 vs FP16 accuracy: %s", report_path)
+    return engine
+
+
+def _onnx_facts(path: Path) -> tuple[dict[int, str], int]:
+    import ast
+
+    import onnx
+
+    props = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+    try:
+        names = {int(k): str(v) for k, v in ast.literal_eval(props.get("names", "{}")).items()}
+    except (ValueError, SyntaxError, AttributeError):
+        names = {}
+    return names, int(props.get("stride", 32))
