@@ -3,7 +3,9 @@
 Three stages on three threads so the detector is never idle while work is queued:
 
 * reader (the caller's thread): ``XREADGROUP`` over every camera, feeds the policy, and when the
-  policy dispatches, stacks and prepares the batch (``Detector.prepare``);
+  policy dispatches, gets each frame's pixels out of its transport (``FrameDecoder``: inline,
+  JPEG or shared memory; a frame lost in transport drops with its cause) and prepares the
+  batch (``Detector.prepare``);
 * inference: runs the backend on prepared batches (ONNX Runtime releases the GIL);
 * publisher: post-processes (decode + NMS), ``XADD``s one detection message per frame, then
   ``XACK`` + ``XDEL``s the frames — in that order, in one round trip.
@@ -39,6 +41,7 @@ from streams.messages import (
     Timestamps,
     message_kind,
 )
+from streams.transport import FrameDecoder, TransportLost
 
 log = logging.getLogger(__name__)
 
@@ -85,18 +88,22 @@ class BatchWorker:
         accounting: Accounting,
         detections_maxlen: int,
         until_done: bool,
+        frame_decoder: FrameDecoder | None = None,
         consumer_name: str = "batcher-0",
         since_ms: int = 0,
         clock: Callable[[], float] = time.time,
     ):
-        """``since_ms``: Redis time at which this run began; older entries are an earlier run's."""
+        """``since_ms``: Redis time at which this run began; older entries are an earlier run's.
+        ``frame_decoder``: reads pixels of every transport; the worker closes it when it ends."""
         self._redis = redis_client
         self._keys = keys
+        self._cameras = cameras
         self._detector = detector
         self._policy = policy
         self._accounting = accounting
         self._detections_maxlen = detections_maxlen
         self._until_done = until_done
+        self._frames = frame_decoder or FrameDecoder()
         self._consumer = consumer_name
         self._since_ms = since_ms
         self._clock = clock
@@ -127,6 +134,7 @@ class BatchWorker:
             self._put(self._to_infer, _DONE)
             for thread in stages:
                 thread.join()
+            self._frames.close()
         if self._failure is not None:
             raise StageFailed(f"batcher stage failed: {self._failure!r}") from self._failure
 
@@ -135,7 +143,7 @@ class BatchWorker:
         while self._failure is None:
             while not self._service_times.empty():
                 policy.observe(*self._service_times.get())
-            if stop.is_set() or (self._until_done and self._accounting.all_ended()):
+            if stop.is_set() or (self._until_done and self._accounting.ended(self._cameras)):
                 # stopping, or nothing more can arrive: what was read is in flight, finish it
                 for batch in policy.flush():
                     self._dispatch(batch)
@@ -225,8 +233,17 @@ class BatchWorker:
 
     def _dispatch(self, frames: list[Queued[PendingFrame]]) -> None:
         batched = self._clock()
-        tensor = self._detector.prepare([q.item.message.image() for q in frames])
-        self._put(self._to_infer, PreparedBatch(next(self._batch_ids), frames, tensor, batched))
+        images, kept, lost = [], [], []
+        for q in frames:
+            try:
+                images.append(self._frames.image(q.item.message))
+                kept.append(q)
+            except TransportLost as exc:  # counted, acknowledged and deleted like any drop
+                lost.append(Dropped(q, exc.cause))
+        self._drop(lost)
+        if kept:
+            tensor = self._detector.prepare(images)
+            self._put(self._to_infer, PreparedBatch(next(self._batch_ids), kept, tensor, batched))
 
     def _put(self, stage: queue.Queue[Any], item: Any) -> None:
         """Blocking put that gives up when a stage has died."""

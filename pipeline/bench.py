@@ -151,8 +151,8 @@ def run_pipeline(config: Config) -> dict[str, Any]:
     """One ``--until-done`` replay with a timed detector; raises if a camera failed."""
     timed: list[TimedDetector] = []
 
-    def timed_detector(c: Config) -> TimedDetector:
-        timed.append(TimedDetector(load_detector(c)))
+    def timed_detector(c: Config, device: str) -> TimedDetector:
+        timed.append(TimedDetector(load_detector(c, device)))
         return timed[-1]
 
     summary = Pipeline(config, until_done=True, detector_factory=timed_detector).run()

@@ -1,4 +1,4 @@
-"""``framebatch`` command line: run, consume, check-config, bench, simulate."""
+"""``framebatch`` command line: run, consume, check-config, bench, export, simulate."""
 
 from __future__ import annotations
 
@@ -122,6 +122,46 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return run_bench(args)
 
 
+def cmd_bench_transport(args: argparse.Namespace) -> int:
+    from pipeline.bench_transport import run_bench_transport
+
+    return run_bench_transport(args)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from detectors.base import BackendUnavailable
+    from detectors.export import ExportRequest, export
+
+    request = ExportRequest(
+        source=Path(args.model),
+        format=args.format,
+        output=Path(args.output) if args.output else None,
+        imgsz=args.imgsz,
+        max_batch=args.max_batch,
+        opt_batch=args.opt_batch,
+        half=args.half,
+        int8=args.int8,
+        calib_clips=tuple(Path(clip) for clip in args.calib_clips or ()),
+        calib_frames=args.calib_frames,
+        device=args.device,
+    )
+    try:
+        if not request.source.is_file():
+            raise FileNotFoundError(f"model file not found: {request.source}")
+        written = export(request)
+    except (ValueError, FileNotFoundError, BackendUnavailable) as exc:
+        print(f"framebatch export: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"wrote {written} ({written.stat().st_size / 1e6:.1f} MB)")
+    return EXIT_OK
+
+
+def cmd_bench_gpu(args: argparse.Namespace) -> int:
+    from pipeline.bench_gpu import main as bench_gpu
+
+    return bench_gpu(args)
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from pipeline.simulate_sweep import run_simulate
 
@@ -173,6 +213,56 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--output", metavar="PATH", help="write the figures as JSON")
     bench.set_defaults(handler=cmd_bench)
+
+    transport = commands.add_parser(
+        "bench-transport", help="frames/s through Redis of each frame transport (raw, jpeg, shm)"
+    )
+    transport.add_argument("--transports", default="raw,jpeg,shm", help="comma-separated")
+    transport.add_argument("--producers", type=int, default=2, help="producer processes")
+    transport.add_argument("--frames", type=int, default=3000, help="frames per producer at most")
+    transport.add_argument("--seconds", type=float, default=8.0, help="seconds per trial at most")
+    transport.add_argument("--rounds", type=int, default=3, help="alternating rounds")
+    transport.add_argument("--jpeg-quality", type=int, default=90, help="jpeg quality 1-100")
+    transport.add_argument("--clip", help="video whose frames are pushed (default: a shared clip)")
+    transport.add_argument("--redis-url", help="an existing Redis (default: a private one)")
+    transport.add_argument("--tcp", action="store_true", help="private Redis on loopback TCP")
+    transport.add_argument("--output", metavar="PATH", help="write the figures as JSON")
+    transport.set_defaults(handler=cmd_bench_transport)
+
+    bench_gpu = commands.add_parser(
+        "bench-gpu", help="the device path piece by piece (batch sizes, FP16, buffering, graphs)"
+    )
+    from pipeline.bench_gpu import add_arguments as add_bench_gpu_arguments
+
+    add_bench_gpu_arguments(bench_gpu)
+    bench_gpu.set_defaults(handler=cmd_bench_gpu)
+
+    export = commands.add_parser(
+        "export", help="export a .pt to ONNX, TorchScript or a TensorRT engine"
+    )
+    export.add_argument("model", help="Ultralytics .pt (or an .onnx for --format engine)")
+    export.add_argument("--format", choices=["onnx", "torchscript", "engine"], required=True)
+    export.add_argument("--output", metavar="PATH", help="default: the model with the new suffix")
+    export.add_argument("--imgsz", type=int, default=640, help="input size (default: %(default)s)")
+    export.add_argument(
+        "--max-batch", type=int, default=32, help="engine profile max (default: %(default)s)"
+    )
+    export.add_argument(
+        "--opt-batch",
+        type=int,
+        default=8,
+        help="engine profile optimum: the batcher's preferred size (default: %(default)s)",
+    )
+    export.add_argument(
+        "--half", action="store_true", help="FP16 (engine; onnx/torchscript on CUDA)"
+    )
+    export.add_argument("--int8", action="store_true", help="INT8 engine, calibrated on real clips")
+    export.add_argument("--calib-clips", nargs="+", metavar="CLIP", help="clips for --int8")
+    export.add_argument(
+        "--calib-frames", type=int, default=256, help="frames for --int8 (default: %(default)s)"
+    )
+    export.add_argument("--device", default="cpu", help="cpu or cuda:N (default: %(default)s)")
+    export.set_defaults(handler=cmd_export)
 
     simulate = commands.add_parser(
         "simulate", help="sweep the batching policies over simulated cameras (no Redis, no model)"

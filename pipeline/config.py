@@ -25,14 +25,16 @@ from pydantic import (
     model_validator,
 )
 
+from detectors.registry import SUFFIXES
 from pipeline.config_errors import ConfigError, Problem, fail, fail_at, format_validation_errors
 from pipeline.config_yaml import StrictLoader, interpolate
 from streams.urls import is_live_url, redact_url, url_scheme
 
 __all__ = ["Config", "ConfigError", "format_validation_errors", "load_config", "parse_config"]
 
-#: Model file suffix -> backend name used by ``backend: auto``.
-MODEL_SUFFIXES: dict[str, str] = {".onnx": "onnxruntime"}
+#: Model file suffix -> backend name used by ``backend: auto`` (the detectors' own map).
+MODEL_SUFFIXES: dict[str, str] = SUFFIXES
+_DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")
 #: URL schemes a camera may use; anything without ``scheme://`` is a file path.
 CAMERA_SCHEMES = ("rtsp", "rtsps")
 
@@ -78,13 +80,29 @@ class ModelConfig(BaseModel):
 
     model_config = _MODEL_CONFIG
     path: Path = Field(description="Model file; relative paths are relative to the config file")
-    backend: Literal["auto", "onnxruntime"] = Field("auto", description="auto: by file suffix")
+    backend: Literal["auto", "onnxruntime", "torchscript", "ultralytics", "tensorrt"] = Field(
+        "auto", description="auto: by file suffix (.onnx, .torchscript, .pt, .engine)"
+    )
     imgsz: int = Field(640, ge=32, le=4096, multiple_of=32, description="Input size in pixels")
     conf: Finite = Field(0.25, ge=0, le=1, description="Minimum detection confidence")
     iou: Finite = Field(0.45, gt=0, le=1, description="IoU threshold of non-maximum suppression")
     max_det: int = Field(300, ge=1, description="Most detections kept per frame")
     classes: ClassIds | None = Field(None, description="Class ids to keep; unset keeps all")
-    threads: int | None = Field(None, ge=1, description="ONNX Runtime intra-op threads")
+    threads: int | None = Field(None, ge=1, description="CPU intra-op threads (ORT, torch)")
+    device: str = Field("cpu", description="cpu, cuda or cuda:N")
+    devices: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None,
+        min_length=1,
+        description="CUDA device ids: one detector worker per device, cameras shared among them",
+    )
+    half: bool = Field(False, description="FP16 weights and input (torch backends on CUDA)")
+    nms: Literal["device", "host"] = Field(
+        "device", description="torch/TensorRT: NMS on the device (only kept boxes come back)"
+    )
+    double_buffer: bool = Field(
+        True, description="torch/TensorRT on CUDA: upload batch k+1 while batch k computes"
+    )
+    cuda_graphs: bool = Field(False, description="torch on CUDA: one CUDA graph per batch size")
 
     @field_validator("path")
     @classmethod
@@ -93,6 +111,35 @@ class ModelConfig(BaseModel):
             supported = ", ".join(MODEL_SUFFIXES)
             raise fail(f"unsupported model file {path.name!r} (supported suffixes: {supported})")
         return _resolve(path, info)
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, device: str) -> str:
+        if not _DEVICE.fullmatch(device):
+            raise fail(f"unknown device {device!r} (expected cpu, cuda or cuda:N)")
+        return device
+
+    @model_validator(mode="after")
+    def _check_devices(self) -> ModelConfig:
+        problems: list[Problem] = []
+        if self.devices is not None and self.device != "cpu":
+            message = "set either device or devices, not both"
+            problems.append((("devices",), message, self.devices))
+        if self.devices is not None and len(set(self.devices)) != len(self.devices):
+            problems.append((("devices",), "device ids must be unique", self.devices))
+        if self.half and self.worker_devices == ["cpu"]:
+            message = "FP16 needs a CUDA device (device: cuda:N); on the CPU it is slower"
+            problems.append((("half",), message, self.half))
+        if problems:
+            raise fail_at(type(self).__name__, problems)
+        return self
+
+    @property
+    def worker_devices(self) -> list[str]:
+        """One entry per detector worker: ``devices`` as ``cuda:N``, else ``device`` alone."""
+        if self.devices is not None:
+            return [f"cuda:{index}" for index in self.devices]
+        return [self.device]
 
 
 class BatchingConfig(BaseModel):
@@ -198,6 +245,22 @@ class CameraConfig(BaseModel):
         return is_live_url(self.url)
 
 
+class TransportConfig(BaseModel):
+    """How frame pixels travel from the decoders to the batcher (see docs/transports.md)."""
+
+    model_config = _MODEL_CONFIG
+    kind: Literal["raw", "jpeg", "shm"] = Field(
+        "raw",
+        description="raw: pixels inline; jpeg: JPEG inline (lossy); shm: same-host shared memory",
+    )
+    jpeg_quality: int = Field(90, ge=1, le=100, description="jpeg: JPEG quality, 1-100")
+    shm_slots: int | None = Field(
+        None,
+        ge=2,
+        description="shm: frames per camera ring; unset: the backlog + the batcher's queue + 16",
+    )
+
+
 class Config(BaseModel):
     """The whole framebatch config file."""
 
@@ -206,6 +269,21 @@ class Config(BaseModel):
     model: ModelConfig = Field(description="Detector model")
     batching: BatchingConfig = Field(default_factory=BatchingConfig, description="Batching policy")
     cameras: list[CameraConfig] = Field(min_length=1, description="Video sources, unique ids")
+    transport: TransportConfig = Field(
+        default_factory=TransportConfig, description="How frames travel to the batcher"
+    )
+
+    @model_validator(mode="after")
+    def _check_transport(self) -> Config:
+        slots = self.transport.shm_slots
+        backlog = self.redis.frames_maxlen  # cameras' max_backlog may not exceed it
+        if slots is not None and slots <= backlog:
+            message = (
+                f"must be more than redis.frames_maxlen ({backlog}), or frames are "
+                "overwritten before the batcher reads them"
+            )
+            raise fail_at(type(self).__name__, [(("transport", "shm_slots"), message, slots)])
+        return self
 
     @model_validator(mode="after")
     def _check_cameras(self) -> Config:

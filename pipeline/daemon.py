@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import redis
 
+from detectors.base import BackendOptions
 from detectors.detector import Detector
 from detectors.postprocess import Thresholds
 from detectors.preprocess import Letterbox
@@ -28,11 +29,13 @@ from pipeline.batch_worker import BatchWorker
 from pipeline.batching import BatchPolicy, CameraRules, make_policy
 from pipeline.config import CameraConfig, Config, ConfigError
 from pipeline.summary import RunSummary
-from streams.decode_worker import DecoderSpec, run_decoder_process
+from streams.decode_worker import DecoderSpec, ProcessFlag, run_decoder_process
 from streams.embedded_redis import EmbeddedRedis
 from streams.events import EventLog
 from streams.keys import FRAMES_GROUP, StreamKeys
 from streams.messages import EndOfStream
+from streams.shm_ring import remove_segments
+from streams.transport import FrameDecoder, TransportSpec, host_id
 
 log = logging.getLogger(__name__)
 
@@ -41,17 +44,26 @@ DECODER_JOIN_S = 5.0
 RESTART_BACKOFF_MAX_S = 30.0
 
 
-def load_detector(config: Config) -> Detector:
-    """The detector a run uses: the configured backend, thresholds, and warm-up of the sizes."""
+def load_detector(config: Config, device: str | None = None) -> Detector:
+    """The detector one worker uses: the configured backend on ``device`` (default: the
+    configured one), thresholds, and warm-up of every size the policy may dispatch."""
     model = config.model
-    backend = load_backend(model.path, model.backend, imgsz=model.imgsz, threads=model.threads)
+    batching = config.batching
     classes = tuple(model.classes) if model.classes is not None else None
-    detector = Detector(
-        backend,
-        thresholds=Thresholds(
-            conf=model.conf, iou=model.iou, max_det=model.max_det, classes=classes
-        ),
+    thresholds = Thresholds(conf=model.conf, iou=model.iou, max_det=model.max_det, classes=classes)
+    options = BackendOptions(
+        imgsz=model.imgsz,
+        device=device or model.worker_devices[0],
+        threads=model.threads,
+        half=model.half,
+        max_batch=batching.max_batch_size,
+        thresholds=thresholds,
+        nms=model.nms,
+        double_buffer=model.double_buffer,
+        cuda_graphs=model.cuda_graphs,
     )
+    backend = load_backend(model.path, model.backend, options)
+    detector = Detector(backend, thresholds=thresholds)
     expected = Letterbox(model.imgsz, model.imgsz)
     if detector.letterbox() != expected:
         detector.close()
@@ -60,8 +72,14 @@ def load_detector(config: Config) -> Detector:
             f"model.imgsz is {model.imgsz} but {model.path.name} takes "
             f"{info.input_width}x{info.input_height} images: set model.imgsz to match"
         )
-    backend.warmup(sorted({1, config.batching.max_batch_size}))
+    backend.warmup(sorted({1, *batching.preferred_batch_sizes, batching.max_batch_size}))
     return detector
+
+
+def shard_cameras(cameras: list[str], workers: int) -> list[list[str]]:
+    """Cameras dealt round-robin to the detector workers: a camera stays on one worker, so its
+    results keep their order and its frames are counted in one place."""
+    return [cameras[index::workers] for index in range(workers)]
 
 
 def time_batches(detector: Detector, sizes: set[int]) -> list[tuple[int, float]]:
@@ -128,6 +146,21 @@ def decoder_spec(camera: CameraConfig, *, default_backlog: int, until_done: bool
     )
 
 
+def transport_spec(config: Config) -> TransportSpec:
+    """How the decoders send pixels. A shm ring also keeps room for the frames the batching
+    queue holds (a live stream may trim their entries while they wait), sized as below."""
+    transport, batching = config.transport, config.batching
+    queue_frames = max(
+        batching.max_queue_frames or 4 * batching.max_batch_size, 2 * len(config.cameras)
+    )
+    return TransportSpec(
+        kind=transport.kind,
+        jpeg_quality=transport.jpeg_quality,
+        shm_slots=transport.shm_slots,
+        shm_in_flight=queue_frames,
+    )
+
+
 def check_run_mode(config: Config, *, until_done: bool) -> None:
     """Config combinations that are valid YAML but cannot work in this mode."""
     if not until_done:
@@ -163,7 +196,7 @@ class Pipeline:
     on_event: Callable[[dict[str, str]], None] = lambda event: None
     stop: threading.Event = field(default_factory=threading.Event)
     # how the detector is built; the bench passes one that also times each stage
-    detector_factory: Callable[[Config], Detector] = load_detector
+    detector_factory: Callable[[Config, str], Detector] = load_detector
     redis_url: str = ""
 
     def run(self) -> RunSummary:
@@ -178,52 +211,79 @@ class Pipeline:
             seconds, micros = client.time()
             since_ms = seconds * 1000 + micros // 1000  # stream entries older than this run
             # Decoders start first: their start-up overlaps the model load and warm-up.
-            decoders_stop = multiprocessing.get_context("spawn").Event()
+            decoders_stop = ProcessFlag()  # a decoder killed while waiting cannot hang set()
             letterbox = Letterbox(self.config.model.imgsz, self.config.model.imgsz)
             self._spawn_args = (letterbox, keys, decoders_stop)
+            # shm rings: a decoder's ring outlives it until its frames are read or the batchers
+            # have stopped (released); the rings of decoders that died are ours to remove
+            self._transport, self._host = transport_spec(self.config), host_id()
+            self._released = ProcessFlag()
+            remove_segments(keys.prefix, host=self._host)  # left by processes that died
             decoders = self._start_decoders(letterbox, keys, decoders_stop)
+            stack.callback(self._remove_rings, keys, decoders)
             stack.callback(self._stop_decoders, decoders, decoders_stop)
-            detector = self.detector_factory(self.config)
-            stack.callback(detector.close)
+            stack.callback(self._released.set)  # runs first, once the batchers have stopped
             accounting = Accounting(
                 [camera.id for camera in self.config.cameras],
                 max_batch_size=self.config.batching.max_batch_size,
             )
-            policy = batching_policy(self.config, until_done=self.until_done)
-            for size, seconds in time_batches(detector, {1, self.config.batching.max_batch_size}):
-                policy.observe(size, seconds)  # the policy knows t(b) before the first frame
-            worker = BatchWorker(
-                redis_client=client,
-                keys=keys,
-                cameras=[camera.id for camera in self.config.cameras],
-                detector=detector,
-                policy=policy,
-                accounting=accounting,
-                detections_maxlen=self.config.redis.detections_maxlen,
-                until_done=self.until_done,
-                since_ms=since_ms,
-            )
+            devices = self.config.model.worker_devices
+            shards = shard_cameras([camera.id for camera in self.config.cameras], len(devices))
+            batchers: list[threading.Thread] = []
             batcher_stop = threading.Event()
             batcher_error: list[BaseException] = []
-            batcher = threading.Thread(
-                target=self._run_batcher,
-                args=(worker, batcher_stop, batcher_error),
-                name="fb-batcher",
-            )
-            batcher.start()
+            for index, (device, cameras) in enumerate(zip(devices, shards, strict=True)):
+                if not cameras:  # more devices than cameras
+                    continue
+                detector = self.detector_factory(self.config, device)
+                stack.callback(detector.close)
+                worker = self._batch_worker(
+                    client, keys, detector, accounting, cameras, index, since_ms
+                )
+                batchers.append(
+                    threading.Thread(
+                        target=self._run_batcher,
+                        args=(worker, batcher_stop, batcher_error),
+                        name=f"fb-batcher-{device}",
+                    )
+                )
+            for batcher in batchers:
+                batcher.start()
             try:
                 self._supervise(
-                    client, keys, decoders, decoders_stop, batcher, accounting, events_seen
+                    client, keys, decoders, decoders_stop, batchers, accounting, events_seen
                 )
             finally:
                 decoders_stop.set()
                 batcher_stop.set()
-                batcher.join()
+                for batcher in batchers:
+                    batcher.join()
             if batcher_error:
                 raise batcher_error[0]
             return accounting.summary()
 
     # --- building -----------------------------------------------------------------------------
+    def _batch_worker(
+        self, client, keys, detector, accounting, cameras, index, since_ms
+    ) -> BatchWorker:
+        """One detector worker over its share of the cameras, its policy seeded with t(b)."""
+        policy = batching_policy(self.config, until_done=self.until_done)
+        for size, seconds in time_batches(detector, {1, self.config.batching.max_batch_size}):
+            policy.observe(size, seconds)  # the policy knows t(b) before the first frame
+        return BatchWorker(
+            redis_client=client,
+            keys=keys,
+            cameras=cameras,
+            detector=detector,
+            policy=policy,
+            accounting=accounting,
+            detections_maxlen=self.config.redis.detections_maxlen,
+            until_done=self.until_done,
+            consumer_name=f"batcher-{index}",
+            since_ms=since_ms,
+            frame_decoder=FrameDecoder(host=self._host),
+        )
+
     def _prepare_streams(self, client: redis.Redis, keys: StreamKeys) -> None:
         for camera in self.config.cameras:
             key = keys.frames(camera.id)
@@ -237,7 +297,7 @@ class Pipeline:
                     raise
 
     def _start_decoders(
-        self, letterbox: Letterbox, keys: StreamKeys, stop: multiprocessing.synchronize.Event
+        self, letterbox: Letterbox, keys: StreamKeys, stop: ProcessFlag
     ) -> list[_Decoder]:
         decoders = []
         for camera in self.config.cameras:
@@ -250,7 +310,15 @@ class Pipeline:
     def _spawn(self, spec, letterbox, keys, stop) -> multiprocessing.process.BaseProcess:
         process = multiprocessing.get_context("spawn").Process(
             target=run_decoder_process,
-            args=(spec, self.redis_url, keys.prefix, letterbox, stop),
+            args=(
+                spec,
+                self.redis_url,
+                keys.prefix,
+                letterbox,
+                stop,
+                self._transport,
+                self._released,
+            ),
             name=f"fb-decoder-{spec.camera}",
             daemon=True,
         )
@@ -268,11 +336,11 @@ class Pipeline:
             errors.append(exc)
 
     def _supervise(
-        self, client, keys, decoders, decoders_stop, batcher, accounting, last_event
+        self, client, keys, decoders, decoders_stop, batchers, accounting, last_event
     ) -> None:
         events = EventLog(client, keys)
         file_cameras = [d.spec.camera for d in decoders if not d.spec.live]
-        while batcher.is_alive() and not self.stop.wait(SUPERVISE_TICK_S):
+        while all(b.is_alive() for b in batchers) and not self.stop.wait(SUPERVISE_TICK_S):
             last_event = self._report_events(events, last_event)
             self._check_decoders(client, keys, decoders, decoders_stop)
             if self.until_done and accounting.ended(file_cameras):
@@ -300,6 +368,7 @@ class Pipeline:
                     decoder.process = self._spawn(decoder.spec, *self._spawn_args)
                     decoder.restart_at = None
                 continue
+            remove_segments(keys.prefix, host=self._host, pids=[process.pid])  # a dead one's ring
             if process.exitcode == 0:
                 decoder.finished = True
                 continue
@@ -318,8 +387,12 @@ class Pipeline:
                     EndOfStream(decoder.spec.camera, -1, "crashed", message).to_fields(),
                 )
 
+    def _remove_rings(self, keys: StreamKeys, decoders: list[_Decoder]) -> None:
+        """After the decoders stopped: the rings of any that were killed on the way out."""
+        remove_segments(keys.prefix, host=self._host, pids=[d.process.pid for d in decoders])
+
     @staticmethod
-    def _stop_decoders(decoders: list[_Decoder], stop: multiprocessing.synchronize.Event) -> None:
+    def _stop_decoders(decoders: list[_Decoder], stop: ProcessFlag) -> None:
         """stop event → join(timeout) → terminate → kill: never leaves a decoder behind."""
         stop.set()
         deadline = time.monotonic() + DECODER_JOIN_S

@@ -4,11 +4,16 @@ Live cameras keep the freshest frames: the frames stream is capped with ``MAXLEN
 batcher counts what the cap trimmed as ``overflow`` drops (by gaps in ``seq``).  File jobs apply
 backpressure instead: the worker waits while the camera's backlog is full, so nothing drops.
 Every session ends with an :class:`EndOfStream` entry that says how many frames were decoded.
+Pixels travel as the configured transport's encoder makes them (:mod:`streams.transport`).
 """
 
 from __future__ import annotations
 
+import ctypes
+import multiprocessing
+import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,15 +26,47 @@ from streams.events import EventLog
 from streams.keys import StreamKeys
 from streams.messages import EndOfStream, FrameMessage
 from streams.sources import SourceError, VideoSource
+from streams.transport import FrameEncoder, RawEncoder, TransportSpec, make_encoder
 from streams.urls import redact_url
 
 BACKPRESSURE_POLL_S = 0.02  # a full backlog lasts seconds; polling faster only burns CPU
+LINGER_POLL_S = 0.05
+LINGER_IDLE_S = 10.0  # a ring outlives its decoder while its frames are read, but not forever
 
 
 class StopSignal(Protocol):
     def is_set(self) -> bool: ...
 
     def wait(self, timeout: float | None = None) -> bool: ...
+
+
+class ProcessFlag:
+    """A stop signal a supervisor shares with its decode processes, safe when one is killed.
+
+    ``multiprocessing.Event`` is a condition variable whose ``set()`` waits for every sleeper to
+    wake: a decoder SIGKILLed inside ``wait()`` (where a paced decoder spends most of its time)
+    hangs the supervisor's ``set()`` forever.  This is one shared byte without a lock (a byte
+    store is atomic); ``wait`` looks at it every ``poll_s``."""
+
+    def __init__(self, poll_s: float = 0.02):
+        self._flag = multiprocessing.get_context("spawn").RawValue(ctypes.c_bool, False)
+        self._poll_s = poll_s
+
+    def set(self) -> None:
+        self._flag.value = True
+
+    def is_set(self) -> bool:
+        return self._flag.value
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once set; False when ``timeout`` seconds passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._flag.value:
+            remaining = self._poll_s if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            time.sleep(min(remaining, self._poll_s))  # the wait primitive itself
+        return True
 
 
 class PreparedImage(Protocol):
@@ -70,13 +107,16 @@ class DecodeWorker:
         redis_client: redis.Redis,
         keys: StreamKeys,
         prepare: FramePreparer,
+        encoder: FrameEncoder | None = None,
         clock: Callable[[], float] = time.time,
     ):
+        """``encoder``: how pixels travel (default raw inline); the caller closes it."""
         self.spec = spec
         self._redis = redis_client
         self._keys = keys
         self._stream_key = keys.frames(spec.camera)
         self._prepare = prepare
+        self._encoder = encoder or RawEncoder()
         self._clock = clock
         self._events = EventLog(redis_client, keys)
         self.seq = 0
@@ -139,6 +179,7 @@ class DecodeWorker:
                 return
             geometry = prepared.geometry
             height, width = prepared.pixels.shape[:2]
+            encoded = self._encoder.encode(prepared.pixels)
             message = FrameMessage(
                 camera=self.spec.camera,
                 seq=self.seq,
@@ -150,9 +191,11 @@ class DecodeWorker:
                 pad_y=geometry.pad_y,
                 captured=captured,
                 enqueued=self._clock(),
-                pixels=prepared.pixels.tobytes(),
+                pixels=encoded.pixels,
                 input_width=width,
                 input_height=height,
+                encoding=encoded.encoding,
+                shm=encoded.shm,
             )
             self._redis.xadd(
                 self._stream_key,
@@ -175,15 +218,55 @@ class DecodeWorker:
         return True
 
 
-def run_decoder_process(
-    spec: DecoderSpec, redis_url: str, prefix: str, prepare: FramePreparer, stop: StopSignal
+def wait_until_read(
+    client: redis.Redis, stream_key: str, released: StopSignal | None, idle_s: float = LINGER_IDLE_S
 ) -> None:
-    """Process entry point: the parent coordinates shutdown, so SIGINT is ignored here."""
+    """Block while the batcher still has this camera's frames to read (the stream is not empty:
+    acknowledged frames are deleted), until ``released``, or until nothing was read for
+    ``idle_s`` (no batcher is reading)."""
+    released = released or threading.Event()
+    last, idle_since = None, time.monotonic()
+    while (backlog := client.xlen(stream_key)) > 0 and not released.is_set():
+        now = time.monotonic()
+        if backlog != last:
+            last, idle_since = backlog, now
+        elif now - idle_since >= idle_s:
+            return
+        released.wait(LINGER_POLL_S)
+
+
+def run_decoder_process(
+    spec: DecoderSpec,
+    redis_url: str,
+    prefix: str,
+    prepare: FramePreparer,
+    stop: StopSignal,
+    transport: TransportSpec | None = None,
+    released: StopSignal | None = None,
+) -> None:
+    """Process entry point: the parent coordinates shutdown, so SIGINT is ignored here.
+
+    With the shm transport the ring lives until the batcher has read this camera's frames, or
+    until the parent sets ``released`` (its batcher has stopped); then it is unlinked."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     client = redis.Redis.from_url(redis_url)
+    keys = StreamKeys(prefix)
+    encoder = make_encoder(
+        transport or TransportSpec(),
+        redis_url=redis_url,
+        prefix=prefix,
+        camera=spec.camera,
+        max_backlog=spec.max_backlog,
+        pid=os.getpid(),
+    )
     try:
-        DecodeWorker(spec=spec, redis_client=client, keys=StreamKeys(prefix), prepare=prepare).run(
-            stop
-        )
+        DecodeWorker(
+            spec=spec, redis_client=client, keys=keys, prepare=prepare, encoder=encoder
+        ).run(stop)
     finally:
-        client.close()
+        try:
+            if encoder.holds_frames:
+                wait_until_read(client, keys.frames(spec.camera), released)
+        finally:
+            encoder.close()
+            client.close()

@@ -4,6 +4,11 @@ Frame streams carry two kinds of entries, told apart by the ``kind`` field: ``fr
 letterboxed image with its geometry and timestamps) and ``end`` (the decoder's last word for
 one source session: how many frames it decoded and why it stopped).  Detection streams carry
 one :class:`DetectionMessage` per decoded frame.
+
+A frame's pixels travel by one of three encodings (the ``encoding`` field; absent means
+``raw``, so entries of schema 1 without it still read): ``raw`` pixels inline, ``jpeg`` bytes
+inline, or ``shm``: only a :class:`ShmRef` to a same-host shared-memory ring.  Turning pixels
+back into an image is ``streams.transport.FrameDecoder``'s job.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any
 import numpy as np
 
 SCHEMA_VERSION = 1
+ENCODINGS = ("raw", "jpeg", "shm")
 
 Fields = Mapping[bytes, bytes]
 
@@ -43,6 +49,33 @@ def message_kind(fields: Fields) -> str:
 
 
 @dataclass(frozen=True)
+class ShmRef:
+    """Where a frame's pixels wait in a shared-memory ring (the ``shm`` encoding)."""
+
+    segment: str  # file name in /dev/shm, framebatch-<prefix>-<camera>-<pid>
+    slot: int
+    generation: int  # the slot's generation once the frame was written (seqlock)
+    host: str  # writer's hostname and boot id: a reader elsewhere cannot use the reference
+
+    def to_fields(self) -> dict[str, str | int]:
+        return {
+            "shm_segment": self.segment,
+            "shm_slot": self.slot,
+            "shm_generation": self.generation,
+            "shm_host": self.host,
+        }
+
+    @classmethod
+    def from_fields(cls, fields: Fields) -> ShmRef:
+        return cls(
+            segment=_text(fields, "shm_segment"),
+            slot=int(fields[b"shm_slot"]),
+            generation=int(fields[b"shm_generation"]),
+            host=_text(fields, "shm_host"),
+        )
+
+
+@dataclass(frozen=True)
 class FrameMessage:
     """One decoded frame, letterboxed to the model input (uint8 BGR, HxWx3)."""
 
@@ -56,12 +89,24 @@ class FrameMessage:
     pad_y: int
     captured: float  # epoch seconds when the frame was decoded (or due, when paced)
     enqueued: float  # epoch seconds just before XADD
-    pixels: bytes = field(repr=False)
+    pixels: bytes = field(repr=False)  # raw pixels, JPEG bytes, or empty (shm)
     input_width: int = 640
     input_height: int = 640
+    encoding: str = "raw"  # one of ENCODINGS
+    shm: ShmRef | None = None  # set for the shm encoding only
+
+    def __post_init__(self) -> None:
+        if self.encoding not in ENCODINGS:
+            raise ValueError(f"unknown frame encoding {self.encoding!r} (known: {ENCODINGS})")
+        if (self.encoding == "shm") != (self.shm is not None):
+            raise ValueError("a shm reference goes with the shm encoding, and only with it")
 
     def image(self) -> np.ndarray:
-        """A read-only HxWx3 uint8 view of the letterboxed pixels (no copy)."""
+        """A read-only HxWx3 uint8 view of raw letterboxed pixels (no copy).
+
+        Only for the ``raw`` encoding; ``streams.transport.FrameDecoder`` reads them all."""
+        if self.encoding != "raw":
+            raise ValueError(f"{self.encoding} frame: read it with streams.transport.FrameDecoder")
         return np.frombuffer(self.pixels, dtype=np.uint8).reshape(
             self.input_height, self.input_width, 3
         )
@@ -70,6 +115,8 @@ class FrameMessage:
         return {
             "v": SCHEMA_VERSION,
             "kind": "frame",
+            "encoding": self.encoding,
+            **(self.shm.to_fields() if self.shm is not None else {}),
             "camera": self.camera,
             "seq": self.seq,
             "pts": "" if self.pts is None else repr(self.pts),
@@ -88,6 +135,7 @@ class FrameMessage:
     @classmethod
     def from_fields(cls, fields: Fields) -> FrameMessage:
         _check_version(fields)
+        encoding = fields.get(b"encoding", b"raw").decode()
         return cls(
             camera=_text(fields, "camera"),
             seq=int(fields[b"seq"]),
@@ -101,7 +149,9 @@ class FrameMessage:
             enqueued=float(fields[b"enqueued"]),
             input_width=int(fields[b"input_width"]),
             input_height=int(fields[b"input_height"]),
-            pixels=fields[b"pixels"],
+            pixels=fields.get(b"pixels", b""),
+            encoding=encoding,
+            shm=ShmRef.from_fields(fields) if encoding == "shm" else None,
         )
 
 

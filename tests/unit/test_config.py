@@ -376,12 +376,13 @@ INVALID = [
     (merged(MINIMAL, {"model": {"max_det": 0}}), "model.max_det: must be >= 1 (got 0)"),
     (merged(MINIMAL, {"model": {"threads": 0}}), "model.threads: must be >= 1 (got 0)"),
     (
-        merged(MINIMAL, {"model": {"path": "weights/yolov8n.pt"}}),
-        "model.path: unsupported model file 'yolov8n.pt' (supported suffixes: .onnx)",
+        merged(MINIMAL, {"model": {"path": "weights/yolov8n.tflite"}}),
+        "model.path: unsupported model file 'yolov8n.tflite' "
+        "(supported suffixes: .onnx, .torchscript, .pt, .engine)",
     ),
     (
-        merged(MINIMAL, {"model": {"backend": "tensorrt"}}),
-        "model.backend: must be 'auto' or 'onnxruntime'",
+        merged(MINIMAL, {"model": {"backend": "openvino"}}),
+        "model.backend: must be 'auto', 'onnxruntime', 'torchscript', 'ultralytics' or 'tensorrt'",
     ),
     # redis
     (
