@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The GPU check of issue #4 as one prepared call, for a machine lent by the workplace's device
+# tool (an H200 with PyTorch, no internet, no Redis, no TensorRT).
+#
+#   bash deploy/gpu_check.sh prepare   # here: wheels, redis-server .debs, a TorchScript export
+#   bash deploy/gpu_check.sh run       # there, with carry [".gpu"]; results under $OUT
+#
+# `run` unpacks what `prepare` made, runs the CUDA tests (tests/gpu), then `framebatch
+# bench-gpu` with the whole pipeline on N replayed cameras, and writes JSON + markdown to $OUT.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+stage=.gpu
+clip=../shared/assets/videos/highway_traffic_1920x1080_30fps_20frames.mp4
+
+case "${1:-}" in
+prepare)
+  grep -qx "/$stage/" .git/info/exclude 2>/dev/null || echo "/$stage/" >>.git/info/exclude
+  rm -rf "$stage" && mkdir -p "$stage/whl" "$stage/deb" "$stage/assets"
+  # what the lent image lacks (it has numpy, onnxruntime, opencv, pyyaml, torch, pytest)
+  .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 -d "$stage/whl" \
+    av redis hiredis pydantic pydantic-core annotated-types typing-inspection
+  (cd "$stage/deb" && apt-get download redis-server redis-tools liblzf1 libjemalloc2 >/dev/null)
+  YOLO_CONFIG_DIR=.venv/yolo-config .venv/bin/framebatch export \
+    ../shared/assets/models/yolov8n-coco.pt --format torchscript --output "$stage/yolov8n.torchscript"
+  cp ../shared/assets/videos/{street_night_1920x1080_3fps,highway_traffic_960x540_30fps}.mp4 \
+    "$clip" "$stage/assets/"  # the clips the tests and the bench read (the tree travels <64 MiB)
+  du -sh "$stage"
+  ;;
+run)
+  : "${OUT:?run this on the device machine, where OUT is set}"
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site "$stage"/whl/*.whl
+  export PYTHONPATH="/tmp/site:$PWD"
+  for deb in "$stage"/deb/*.deb; do dpkg -x "$deb" /tmp/redis; done
+  export PATH="/tmp/redis/usr/bin:$PATH"
+  export FRAMEBATCH_TORCHSCRIPT="$PWD/$stage/yolov8n.torchscript"
+  mkdir -p ../shared/assets/videos && cp -n "$stage"/assets/*.mp4 ../shared/assets/videos/
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+  timeout 180 python3 -m pytest -q -p no:cacheprovider tests/gpu -rs 2>&1 | tee "$OUT/tests-gpu.txt" || true
+  timeout 360 python3 -m pipeline.cli bench-gpu --model "$FRAMEBATCH_TORCHSCRIPT" \
+    --clip "$stage/assets/$(basename "$clip")" --device cuda:0 --seconds 1.5 --rounds 3 \
+    --cameras 12 --out "$OUT" 2>&1 | tail -40
+  ;;
+*)
+  echo "usage: $0 prepare|run" >&2
+  exit 2
+  ;;
+esac

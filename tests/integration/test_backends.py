@@ -1,0 +1,191 @@
+"""Backends against each other on real clips: TorchScript and ``.pt`` (torch) vs ONNX Runtime.
+
+The torch models are exported here from the shared Ultralytics ``.pt`` with ``framebatch
+export`` (the optional Ultralytics extra), so the export round trip is tested too. Frames are a
+spread sample of each clip (every clip's first frame, then evenly spaced), run in batches of up
+to 8 on the torch side and one at a time on the ONNX Runtime side.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+
+from detectors.base import BackendOptions, BackendUnavailable
+from detectors.detector import Detector
+from detectors.postprocess import ImageDetections, Thresholds
+from detectors.registry import backend_class, load_backend
+from tests.conftest import ASSETS, MODEL, VIDEOS
+from tests.integration.matching import unmatched
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+CHECKPOINT = ASSETS / "models" / "yolov8n-coco.pt"
+CLIPS = (
+    "street_night_1920x1080_3fps.mp4",
+    "highway_traffic_960x540_30fps.mp4",
+    "highway_traffic_1920x1080_30fps_20frames.mp4",
+    "indoor_person_768x432_10fps.mp4",
+)
+FRAMES_PER_CLIP = 24
+
+
+def sample_frames(clip: str, count: int = FRAMES_PER_CLIP) -> list[np.ndarray]:
+    with av.open(str(VIDEOS / clip)) as container:
+        total = container.streams.video[0].frames or count
+        step = max(1, total // count)
+        frames = [
+            f.to_ndarray(format="bgr24")
+            for i, f in enumerate(container.decode(video=0))
+            if i % step == 0
+        ]
+    return frames[:count]
+
+
+@pytest.fixture(scope="module")
+def clip_frames(assets) -> dict[str, list[np.ndarray]]:
+    return {clip: sample_frames(clip) for clip in CLIPS}
+
+
+@pytest.fixture(scope="module")
+def onnx_results(clip_frames) -> dict[str, list[ImageDetections]]:
+    detector = Detector(load_backend(MODEL, threads=2), thresholds=Thresholds())
+    results = {
+        clip: [detector.detect_frames([frame])[0] for frame in frames]
+        for clip, frames in clip_frames.items()
+    }
+    detector.close()
+    return results
+
+
+@pytest.fixture(scope="module")
+def exported(assets, tmp_path_factory) -> dict[str, Path]:
+    """The shared ``.pt`` exported to TorchScript and ONNX (needs the Ultralytics extra)."""
+    pytest.importorskip("ultralytics", reason="the Ultralytics extra is not installed")
+    os.environ.setdefault("YOLO_CONFIG_DIR", str(tmp_path_factory.mktemp("yolo-config")))
+    from detectors.export import ExportRequest, export
+
+    folder = tmp_path_factory.mktemp("exported")
+    return {
+        fmt: export(ExportRequest(CHECKPOINT, fmt, output=folder / f"yolov8n.{fmt}"))
+        for fmt in ("torchscript", "onnx")
+    }
+
+
+def run_batched(detector: Detector, frames: list[np.ndarray], batch: int = 8) -> list:
+    results = []
+    for start in range(0, len(frames), batch):
+        results += detector.detect_frames(frames[start : start + batch])
+    return results
+
+
+def labeled(found: ImageDetections) -> list:
+    return [
+        (tuple(map(float, b)), int(c)) for b, c in zip(found.boxes, found.class_ids, strict=True)
+    ]
+
+
+def assert_parity(expected: dict, actual: dict, clips: tuple[str, ...] = CLIPS) -> None:
+    problems = []
+    for clip in clips:
+        for index, (want, got) in enumerate(zip(expected[clip], actual[clip], strict=True)):
+            problems += [f"{clip} #{index}: {p}" for p in unmatched(labeled(want), labeled(got))]
+    assert not problems, "\n".join(problems[:20])
+    assert sum(len(r) for clip in clips for r in expected[clip]) > 50  # real scenes, real boxes
+
+
+@pytest.mark.parametrize("nms", ["device", "host"])
+def test_torchscript_matches_onnxruntime_on_the_four_clips(
+    exported, clip_frames, onnx_results, nms
+):
+    backend = load_backend(exported["torchscript"], threads=2, nms=nms, max_batch=8)
+    assert backend.info.class_names[0] == "person"  # names read from the file's metadata
+    detector = Detector(backend, thresholds=Thresholds())
+    torch_results = {clip: run_batched(detector, frames) for clip, frames in clip_frames.items()}
+    assert_parity(onnx_results, torch_results)
+
+
+def test_exported_onnx_matches_the_shared_onnx(exported, clip_frames, onnx_results):
+    backend = load_backend(exported["onnx"], threads=2)
+    assert backend.info.max_batch is None  # dynamic batch axis
+    assert backend.info.class_names[:3] == ("person", "bicycle", "car")
+    detector = Detector(backend, thresholds=Thresholds())
+    assert_parity(onnx_results, {c: run_batched(detector, f) for c, f in clip_frames.items()})
+
+
+def test_checkpoint_backend_matches_onnxruntime(assets, clip_frames, onnx_results):
+    pytest.importorskip("ultralytics", reason="the Ultralytics extra is not installed")
+    detector = Detector(load_backend(CHECKPOINT, threads=2, max_batch=8), thresholds=Thresholds())
+    street = CLIPS[:1]  # the busiest clip; the others run through the TorchScript test
+    assert_parity(onnx_results, {c: run_batched(detector, clip_frames[c]) for c in street}, street)
+
+
+def test_torch_results_do_not_depend_on_the_batch(exported, clip_frames):
+    detector = Detector(
+        load_backend(exported["torchscript"], threads=2, max_batch=8), thresholds=Thresholds()
+    )
+    frames = clip_frames[CLIPS[0]][:8]
+    alone = [detector.detect_frames([frame])[0] for frame in frames]
+    together = detector.detect_frames(frames)
+    for one, batched in zip(alone, together, strict=True):
+        assert not unmatched(labeled(one), labeled(batched), min_iou=0.999)
+
+
+def test_missing_torch_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch now fails
+    monkeypatch.delitem(sys.modules, "detectors.torch_backend", raising=False)
+    with pytest.raises(BackendUnavailable, match=r"framebatch\[torch\]"):
+        backend_class("torchscript")
+
+
+def test_missing_tensorrt_names_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    engine = tmp_path / "model.engine"
+    engine.write_bytes(b"\0" * 64)
+    with pytest.raises(BackendUnavailable, match="tensorrt"):
+        load_backend(engine)
+
+
+def test_cuda_asked_for_without_cuda_is_a_clear_error(exported):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(BackendUnavailable, match="no CUDA device.*use device: cpu"):
+        load_backend(exported["torchscript"], options=BackendOptions(device="cuda:0"))
+
+
+def test_gpu_bench_script_runs_on_the_cpu(exported, tmp_path, redis_url):
+    """The prepared GPU bench, run here with ``--device cpu`` so it is known to work before a
+    GPU is lent: every figure is measured and the replay processes every frame."""
+    import argparse
+
+    from pipeline.bench_gpu import add_arguments, main
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    clip = VIDEOS / CLIPS[0]
+    args = parser.parse_args(
+        [
+            f"--model={exported['torchscript']}",
+            f"--clip={clip}",
+            "--device=cpu",
+            "--batch-sizes=1,2",
+            "--seconds=0.3",
+            "--rounds=1",
+            "--cameras=1",
+            f"--out={tmp_path}",
+        ]
+    )
+    assert main(args) == 0
+    result = json.loads((tmp_path / "bench-gpu.json").read_text())
+    assert set(result["throughput"]) == {"fp32-b1", "fp32-b2"}  # no FP16 on the CPU
+    assert all(ips > 0 for ips in [*result["throughput"].values(), *result["compared"].values()])
+    assert result["pipeline"]["frames"] == 8 and result["pipeline"]["dropped"] == {}
+    assert "| double_vs_single |" in (tmp_path / "bench-gpu.md").read_text()

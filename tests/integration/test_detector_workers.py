@@ -1,0 +1,57 @@
+"""Several detector workers (``model.devices``), one per GPU in production, here on the CPU.
+
+The daemon builds one worker per device entry; the detector factory is the only thing swapped
+(every worker loads the real model on the CPU), so the sharding, the shared consumer group and
+the accounting across workers run for real.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.config import parse_config
+from pipeline.daemon import Pipeline, load_detector, shard_cameras
+from tests.conftest import MODEL, SAMPLE_CLIPS, VIDEOS
+from tests.integration.runner import published
+
+pytestmark = pytest.mark.integration
+
+
+def test_cameras_are_dealt_round_robin_and_stay_on_one_worker():
+    assert shard_cameras(["a", "b", "c", "d", "e"], 2) == [["a", "c", "e"], ["b", "d"]]
+    assert shard_cameras(["a"], 3) == [["a"], [], []]
+
+
+def test_two_workers_process_every_frame_once_in_order(assets, redis_url, redis_client, prefix):
+    clips = {
+        "street": VIDEOS / "street_night_1920x1080_3fps.mp4",
+        "hw1080": VIDEOS / "highway_traffic_1920x1080_30fps_20frames.mp4",
+        "bars": SAMPLE_CLIPS / "bars_320x240_5fps.mp4",
+    }
+    config = parse_config(
+        {
+            "redis": {"url": redis_url, "prefix": prefix},
+            "model": {"path": str(MODEL), "threads": 1, "devices": [0, 1]},
+            "batching": {"max_batch_size": 4},
+            "cameras": [
+                {"id": cam, "url": str(clip), "realtime": False} for cam, clip in clips.items()
+            ],
+        },
+        base_dir=".",
+    )
+    devices_asked = []
+
+    def on_cpu(cfg, device):  # this machine has no GPUs: same model, same code, on the CPU
+        devices_asked.append(device)
+        return load_detector(cfg, "cpu")
+
+    summary = Pipeline(config, until_done=True, detector_factory=on_cpu).run()
+    assert devices_asked == ["cuda:0", "cuda:1"]
+    assert summary.dropped == {}
+    for cam in clips:
+        messages = published(redis_client, prefix, cam)
+        assert messages and [m.seq for m in messages] == list(range(len(messages))), cam
+    # street and bars share worker 0; hw1080 runs alone on worker 1
+    groups = redis_client.xinfo_consumers(f"{prefix}:frames:hw1080", "framebatch-batcher")
+    assert [g["name"] for g in groups] == [b"batcher-1"]
+    assert summary.processed == sum(len(published(redis_client, prefix, c)) for c in clips)
