@@ -14,7 +14,10 @@ from detectors.postprocess import Thresholds
 EXTRAS = {
     "torch": "pip install 'framebatch[torch]'  (torch and torchvision)",
     "ultralytics": "pip install 'framebatch[ultralytics]'  (AGPL-3.0: torch + ultralytics)",
-    "tensorrt": "pip install tensorrt  (TensorRT 10 for your CUDA version; or NVIDIA's container)",
+    "tensorrt": (
+        "pip install tensorrt 'framebatch[torch]'  (TensorRT 10 for your CUDA version and a CUDA "
+        "build of torch; or NVIDIA's container)"
+    ),
 }
 
 

@@ -18,9 +18,9 @@ On the CPU the same code runs without streams, pinned memory or graphs.
 
 from __future__ import annotations
 
-import contextlib
 import queue
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,20 +55,44 @@ class StagedBatch:
     size: int
 
 
-class _GraphedForward:
-    """One CUDA graph of normalise + model for a fixed batch size (static input and output)."""
+def normalise(images: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """uint8 NHWC BGR -> contiguous NCHW RGB in [0, 1] of ``dtype``, on the images' device;
+    the same float32 division as the host path (:func:`detectors.preprocess.to_network_input`)
+    before any cast to FP16."""
+    tensor = images.permute(0, 3, 1, 2).flip(1)
+    return tensor.to(torch.float32).div_(255.0).to(dtype).contiguous()
 
-    def __init__(self, forward: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor):
+
+class _GraphedForward:
+    """One CUDA graph of normalise + model for a fixed batch size (static input and output).
+
+    Captured on a stream of the model's own device (``torch.cuda.graph``'s default capture
+    stream belongs to whichever device was current when it was first made), then replayed once
+    and checked against the eager result: a model that keeps tensors between calls (buffers
+    rebuilt per input shape) would otherwise replay stale addresses silently."""
+
+    def __init__(
+        self, forward: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor, pool: Any
+    ):
+        device = example.device
         self.input = example.clone()
-        side = torch.cuda.Stream(device=example.device)
-        side.wait_stream(torch.cuda.current_stream(example.device))
+        side = torch.cuda.Stream(device=device)
+        side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             for _ in range(2):  # warm-up outside capture (lazy init, autotuning)
                 forward(self.input)
-        torch.cuda.current_stream(example.device).wait_stream(side)
+        torch.cuda.current_stream(device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, pool=pool, stream=side):
             self.output = forward(self.input)
+        self.graph.replay()
+        eager = forward(self.input)
+        torch.cuda.synchronize(device)
+        if not torch.allclose(self.output.float(), eager.float(), rtol=1e-3, atol=1e-3):
+            raise RuntimeError(
+                f"the CUDA graph of batch {len(example)} differs from the eager run: "
+                "this model cannot be captured; set model.cuda_graphs: false"
+            )
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         self.input.copy_(images, non_blocking=True)
@@ -96,6 +120,7 @@ class DeviceRunner:
         self.cuda = self.device.type == "cuda"
         self._graphs_on = options.cuda_graphs and graphs_allowed and self.cuda
         self._graphs: dict[int, _GraphedForward] = {}
+        self._height, self._width = height, width
         self._free: queue.Queue[_Slot] = queue.Queue()
         shape = (options.max_batch, height, width, 3)
         for _ in range(SLOTS):
@@ -108,7 +133,10 @@ class DeviceRunner:
         if self.cuda:
             self._upload_stream = torch.cuda.Stream(device=self.device)
             self._compute_stream = torch.cuda.Stream(device=self.device)
-            self._results_ready = torch.cuda.Event()
+            # kept boxes come back into these (at most max_det rows per image): no allocation
+            rows = options.max_batch * options.thresholds.max_det
+            self._rows_host = torch.empty((rows, 6), dtype=torch.float32, pin_memory=True)
+            self._counts_host = torch.empty(options.max_batch, dtype=torch.int64, pin_memory=True)
 
     # --- the two halves ---------------------------------------------------------------------
     def stage(self, images: Sequence[np.ndarray]) -> StagedBatch:
@@ -117,8 +145,12 @@ class DeviceRunner:
         if size > self._options.max_batch:
             raise ValueError(f"batch of {size} exceeds max_batch {self._options.max_batch}")
         slot = self._free.get()
-        for index, image in enumerate(images):
-            slot.host_view[index] = image
+        try:
+            for index, image in enumerate(images):
+                slot.host_view[index] = image
+        except BaseException:  # e.g. an image of the wrong size: the slot was never used
+            self._free.put(slot)
+            raise
         if self.cuda and self._options.double_buffer:
             with torch.cuda.stream(self._upload_stream):
                 slot.device[:size].copy_(slot.host[:size], non_blocking=True)
@@ -129,7 +161,7 @@ class DeviceRunner:
         """Run a staged batch to the end; returns NMS results (or the raw output, ``nms: host``)."""
         slot, size = staged.slot, staged.size
         try:
-            stream = torch.cuda.stream(self._compute_stream) if self.cuda else _no_stream()
+            stream = torch.cuda.stream(self._compute_stream) if self.cuda else nullcontext()
             with stream, torch.inference_mode():
                 if self.cuda:
                     if self._options.double_buffer:
@@ -140,6 +172,11 @@ class DeviceRunner:
                 if self._options.nms == "host":
                     return raw.float().cpu().numpy()  # synchronises
                 return self._nms_to_host(raw)
+        except BaseException:
+            if self.cuda:  # the device may still read the slot: wait before it is reused
+                self._upload_stream.synchronize()
+                self._compute_stream.synchronize()
+            raise
         finally:
             self._free.put(slot)  # its batch has finished on the device (synchronised above)
 
@@ -148,23 +185,21 @@ class DeviceRunner:
         return graph(images) if graph is not None else self._normalised_model(images)
 
     def _normalised_model(self, images: torch.Tensor) -> torch.Tensor:
-        # uint8 NHWC BGR -> NCHW RGB in [0, 1]; the same float32 division as the host path
-        tensor = images.permute(0, 3, 1, 2).flip(1)
-        tensor = tensor.to(torch.float32).div_(255.0).to(self._dtype).contiguous()
-        return self._model(tensor)
+        return self._model(normalise(images, self._dtype))
 
     def _nms_to_host(self, raw: torch.Tensor) -> list[InputDetections]:
+        # NMS itself makes the host wait once for the batch's candidates (their number decides
+        # the shapes); after it only the kept rows and the counts come back
         packed = decode_nms(raw, self._options.thresholds)
-        if self.cuda:  # one asynchronous copy of the kept rows, then wait for it
-            rows = torch.empty(packed.rows.shape, dtype=torch.float32, pin_memory=True)
-            counts = torch.empty(packed.counts.shape, dtype=torch.int64, pin_memory=True)
+        if self.cuda:
+            kept, images = len(packed.rows), len(packed.counts)
+            rows, counts = self._rows_host[:kept], self._counts_host[:images]
             rows.copy_(packed.rows, non_blocking=True)
             counts.copy_(packed.counts, non_blocking=True)
-            self._results_ready.record(self._compute_stream)
-            self._results_ready.synchronize()
+            self._compute_stream.synchronize()
+            rows_np = rows.numpy().copy()  # the pinned buffer is the next batch's
         else:
-            rows, counts = packed.rows, packed.counts
-        rows_np = rows.numpy()
+            rows_np, counts = packed.rows.numpy(), packed.counts
         found, start = [], 0
         for count in counts.tolist():
             chunk = rows_np[start : start + count]
@@ -173,27 +208,29 @@ class DeviceRunner:
         return found
 
     # --- lifecycle --------------------------------------------------------------------------
-    def warmup(self, batch_sizes: Sequence[int], height: int, width: int) -> None:
+    def warmup(self, batch_sizes: Sequence[int]) -> None:
         """Run each size (lazy init, autotuning, JIT); capture its CUDA graph when enabled."""
-        for size in batch_sizes:
-            blank = [np.full((height, width, 3), 114, np.uint8)] * size
-            for _ in range(WARMUP_RUNS):
-                self.run(self.stage(blank))
-            if self._graphs_on and size not in self._graphs:
-                with torch.inference_mode():
-                    example = torch.full(
-                        (size, height, width, 3), 114, dtype=torch.uint8, device=self.device
-                    )
-                    self._graphs[size] = _GraphedForward(self._normalised_model, example)
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
+        device = torch.cuda.device(self.device) if self.cuda else nullcontext()
+        pool = torch.cuda.graph_pool_handle() if self._graphs_on else None  # shared by sizes
+        with device:
+            for size in batch_sizes:
+                blank = [np.full((self._height, self._width, 3), 114, np.uint8)] * size
+                for _ in range(WARMUP_RUNS):
+                    self.run(self.stage(blank))
+                if self._graphs_on and size not in self._graphs:
+                    with torch.inference_mode():
+                        example = torch.full(
+                            (size, self._height, self._width, 3),
+                            114,
+                            dtype=torch.uint8,
+                            device=self.device,
+                        )
+                        self._graphs[size] = _GraphedForward(self._normalised_model, example, pool)
+            if self.cuda:
+                torch.cuda.synchronize(self.device)
 
     def close(self) -> None:
         self._graphs.clear()
         self._model = None  # type: ignore[assignment]
         if self.cuda:
             torch.cuda.synchronize(self.device)
-
-
-def _no_stream() -> contextlib.AbstractContextManager[None]:
-    return contextlib.nullcontext()

@@ -7,6 +7,7 @@ reference path of the detector runs the very same code.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import cv2
@@ -66,3 +67,14 @@ class Letterbox:
             geometry.pad_y : geometry.pad_y + resized_h, geometry.pad_x : geometry.pad_x + resized_w
         ] = image
         return Letterboxed(out, geometry)
+
+
+def to_network_input(images: Sequence[np.ndarray]) -> np.ndarray:
+    """uint8 HxWx3 BGR images -> float32 NCHW RGB in [0, 1], the model's input on the host
+    (a new array: it crosses threads). The device path does the same on the GPU."""
+    height, width, _ = images[0].shape
+    tensor = np.empty((len(images), 3, height, width), np.float32)
+    for index, image in enumerate(images):
+        for channel in range(3):  # per-channel writes: half the cost of one strided astype
+            np.divide(image[..., 2 - channel], 255.0, out=tensor[index, channel], dtype=np.float32)
+    return tensor

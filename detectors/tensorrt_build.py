@@ -21,7 +21,7 @@ import numpy as np
 from detectors.base import BackendUnavailable
 from detectors.engine_file import OUR_KEY, parse_class_names, write_engine_file
 from detectors.postprocess import ImageDetections, Thresholds, postprocess
-from detectors.preprocess import Letterbox, Letterboxed
+from detectors.preprocess import Letterbox, Letterboxed, to_network_input
 from detectors.tensorrt_engine import (
     TensorRTEngine,
     import_tensorrt,
@@ -33,11 +33,6 @@ log = logging.getLogger(__name__)
 
 GIB = 1 << 30
 LITERAL_KEYS = ("stride", "batch", "imgsz", "names", "args", "channels", "end2end", "kpt_shape")
-
-
-def to_network_input(images: np.ndarray) -> np.ndarray:
-    """uint8 NHWC BGR -> float32 NCHW RGB in [0, 1]: what the ONNX backend feeds the model."""
-    return np.ascontiguousarray(images[..., ::-1].transpose(0, 3, 1, 2), dtype=np.float32) / 255.0
 
 
 def calibration_batches(
@@ -420,10 +415,11 @@ def compare_detections(
 def _detect(engine: TensorRTEngine, batch: list[Letterboxed], thresholds: Thresholds) -> list:
     import torch
 
+    from detectors.device_runner import normalise
+
     pixels = torch.from_numpy(np.stack([b.pixels for b in batch])).to(engine.device)
-    # Same normalisation as the ONNX backend, on the GPU: BGR->RGB, NCHW, [0, 1].
-    images = pixels.permute(0, 3, 1, 2).flip(1).to(engine.input_dtype).div_(255).contiguous()
-    raw = engine(images).float().cpu().numpy()  # .cpu() waits for this stream's work
+    raw = engine(normalise(pixels, engine.input_dtype))
+    raw = raw.float().cpu().numpy()  # .cpu() waits for this stream's work
     return postprocess(raw, [b.geometry for b in batch], thresholds)
 
 

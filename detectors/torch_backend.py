@@ -82,7 +82,7 @@ class DeviceBackend:
         return self._runner.run(prepared)
 
     def warmup(self, batch_sizes: Sequence[int]) -> None:
-        self._runner.warmup(batch_sizes, self.info.input_height, self.info.input_width)
+        self._runner.warmup(batch_sizes)
 
     def close(self) -> None:
         self._runner.close()
@@ -101,9 +101,12 @@ class TorchScriptBackend(DeviceBackend):
         module = torch.jit.load(str(path), map_location=device, _extra_files=extra_files)
         module.eval()
         metadata = json.loads(extra_files["config.txt"] or "{}")
-        half = options.half and device.type == "cuda"  # FP16 only where it is fast and exact
+        # FP16 on CUDA only (slow or missing kernels on the CPU); an FP16 export asks for it too
+        half = (options.half or bool(metadata.get("half"))) and device.type == "cuda"
         if half:
             module.half()
+        else:
+            module.float()
         imgsz = metadata.get("imgsz") or [options.imgsz, options.imgsz]
         height, width = (imgsz, imgsz) if isinstance(imgsz, int) else imgsz
         info = ModelInfo(

@@ -11,6 +11,7 @@ Only the kept boxes leave the device: one packed ``(K, 6)`` tensor and per-image
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -58,13 +59,24 @@ def cluster_nms(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float)
 def batched_nms(
     boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor, iou_threshold: float
 ) -> torch.Tensor:
-    """NMS within each group; indices kept, highest score first."""
-    if _torchvision_batched_nms is not None:
-        return _torchvision_batched_nms(boxes, scores, groups, iou_threshold)
+    """NMS within each group; indices kept, highest score first.
+
+    Groups are kept apart by offsetting their boxes, which needs every coordinate >= 0 (so the
+    boxes are shifted first; IoU does not change) and float64 (thousands of groups push the
+    offsets past float32's pixel precision; the host path computes in float64 too)."""
     if boxes.numel() == 0:
         return torch.empty(0, dtype=torch.int64, device=boxes.device)
+    boxes = (boxes - boxes.min()).double()
+    if _torchvision_batched_nms is not None:
+        return _torchvision_batched_nms(boxes, scores.double(), groups, iou_threshold)
     offsets = groups.to(boxes.dtype)[:, None] * (boxes.max() + 1)
     return cluster_nms(boxes + offsets, scores, iou_threshold)
+
+
+@functools.lru_cache(maxsize=8)
+def _class_filter(classes: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The wanted class ids on the device, made once (a host-to-device copy per batch else)."""
+    return torch.tensor(classes, device=device)
 
 
 def _first_per_image(image_index: torch.Tensor, limit: int, images: int) -> torch.Tensor:
@@ -88,8 +100,7 @@ def decode_nms(raw: torch.Tensor, thresholds: Thresholds) -> PackedDetections:
     scores, class_ids = raw[:, 4:, :].max(dim=1)  # (N, A)
     candidates = scores > thresholds.conf
     if thresholds.classes is not None:
-        wanted = torch.tensor(thresholds.classes, device=raw.device)
-        candidates &= torch.isin(class_ids, wanted)
+        candidates &= torch.isin(class_ids, _class_filter(thresholds.classes, raw.device))
     image_index, anchor = candidates.nonzero(as_tuple=True)
     cand_scores = scores[image_index, anchor]
     order = _by_image(image_index, cand_scores)

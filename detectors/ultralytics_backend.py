@@ -70,9 +70,12 @@ class UltralyticsBackend(DeviceBackend):
             input_height=options.imgsz,
             class_names=class_names(facts["names"]),
         )
+        # no CUDA graphs: the Detect head rebuilds its anchor tensors whenever the input shape
+        # changes, so a graph would replay the freed anchors of another batch size
         super().__init__(
             info,
             RawOutput(model),
             input_dtype=torch.float16 if half else torch.float32,
             options=options,
+            graphs_allowed=False,
         )

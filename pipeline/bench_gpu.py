@@ -98,12 +98,15 @@ def throughput(backend: Any, frames: list[np.ndarray], batch: int, seconds: floa
     return done / (time.perf_counter() - started)
 
 
-def measure(model: Path, device: str, settings: list[Setting], frames, seconds, rounds) -> dict:
+def measure(
+    model: Path, device: str, imgsz: int, settings: list[Setting], frames, seconds, rounds
+) -> dict:
     """Median images/s of each setting; settings alternate within a round (noise hits all)."""
     results: dict[str, list[float]] = {s.label: [] for s in settings}
     backends = {}
     for setting in settings:
         options = BackendOptions(
+            imgsz=imgsz,
             device=device,
             half=setting.half,
             max_batch=setting.batch,
@@ -174,13 +177,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "seconds_per_figure": run_s,
         "rounds": args.rounds,
     }
-    precisions = [False, True] if cuda else [False]
+    engine = model.suffix == ".engine"  # its precision is built in; TensorRT is not graphed
+    precisions = [False, True] if cuda and not engine else [False]
     sweep = [
         Setting(f"{'fp16' if half else 'fp32'}-b{size}", size, half=half)
         for half in precisions
         for size in sizes
     ]
-    by_size = measure(model, args.device, sweep, frames, run_s, args.rounds)
+    by_size = measure(model, args.device, args.imgsz, sweep, frames, run_s, args.rounds)
     best_label = max(by_size, key=by_size.get)
     best = next(s for s in sweep if s.label == best_label)
     batch1 = by_size[f"{'fp16' if best.half else 'fp32'}-b1"] if 1 in sizes else None
@@ -195,18 +199,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         pairs = [
             replace(best, label="double-buffer"),
             replace(best, label="single-buffer", double_buffer=False),
-            replace(best, label="graphs-on", cuda_graphs=True),
-            replace(best, label="graphs-off"),
             replace(best, label="nms-device"),
             replace(best, label="nms-host", nms="host"),
         ]
-        compared = measure(model, args.device, pairs, frames, run_s, args.rounds)
+        if not engine:
+            pairs += [
+                replace(best, label="graphs-on", cuda_graphs=True),
+                replace(best, label="graphs-off"),
+            ]
+        compared = measure(model, args.device, args.imgsz, pairs, frames, run_s, args.rounds)
         result["compared"] = compared
         result["ratios"].update(
             double_vs_single=compared["double-buffer"] / compared["single-buffer"],
-            graphs_on_vs_off=compared["graphs-on"] / compared["graphs-off"],
             nms_device_vs_host=compared["nms-device"] / compared["nms-host"],
         )
+        if not engine:
+            result["ratios"]["graphs_on_vs_off"] = compared["graphs-on"] / compared["graphs-off"]
     if args.cameras:
         figure = pipeline_figure(
             model, args.device, Path(args.clip), args.cameras, best.batch, best.half

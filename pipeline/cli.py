@@ -46,6 +46,7 @@ def _print_event(event: dict[str, str]) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     import redis
 
+    from detectors.base import BackendUnavailable
     from pipeline.config import ConfigError, load_config
     from pipeline.daemon import Pipeline
     from streams.embedded_redis import RedisServerError
@@ -59,7 +60,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return EXIT_BAD_INPUT
-    except (FileNotFoundError, ValueError, RedisServerError) as exc:
+    except (FileNotFoundError, ValueError, RedisServerError, BackendUnavailable) as exc:
         print(f"framebatch: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except redis.ConnectionError as exc:

@@ -64,14 +64,23 @@ def load_detector(config: Config, device: str | None = None) -> Detector:
     )
     backend = load_backend(model.path, model.backend, options)
     detector = Detector(backend, thresholds=thresholds)
-    expected = Letterbox(model.imgsz, model.imgsz)
-    if detector.letterbox() != expected:
-        detector.close()
-        info = detector.info
-        raise ValueError(
+    info = detector.info
+    problem = None
+    if detector.letterbox() != Letterbox(model.imgsz, model.imgsz):
+        problem = (
             f"model.imgsz is {model.imgsz} but {model.path.name} takes "
             f"{info.input_width}x{info.input_height} images: set model.imgsz to match"
         )
+    elif info.max_batch is not None and batching.max_batch_size > info.max_batch:
+        problem = (
+            f"batching.max_batch_size is {batching.max_batch_size} but {model.path.name} "
+            f"takes at most {info.max_batch} images: lower it or rebuild the model"
+        )
+    elif info.min_batch > 1:
+        problem = f"{model.path.name} takes batches of {info.min_batch} or more, not of 1"
+    if problem is not None:
+        detector.close()
+        raise ValueError(problem)
     backend.warmup(sorted({1, *batching.preferred_batch_sizes, batching.max_batch_size}))
     return detector
 
@@ -251,7 +260,14 @@ class Pipeline:
                 batcher.start()
             try:
                 self._supervise(
-                    client, keys, decoders, decoders_stop, batchers, accounting, events_seen
+                    client,
+                    keys,
+                    decoders,
+                    decoders_stop,
+                    batchers,
+                    batcher_error,
+                    accounting,
+                    events_seen,
                 )
             finally:
                 decoders_stop.set()
@@ -336,11 +352,17 @@ class Pipeline:
             errors.append(exc)
 
     def _supervise(
-        self, client, keys, decoders, decoders_stop, batchers, accounting, last_event
+        self, client, keys, decoders, decoders_stop, batchers, errors, accounting, last_event
     ) -> None:
+        """Until stopped, a worker fails, or (``until_done``) every worker finished its
+        cameras: a worker done with its own cameras must not stop the others."""
         events = EventLog(client, keys)
         file_cameras = [d.spec.camera for d in decoders if not d.spec.live]
-        while all(b.is_alive() for b in batchers) and not self.stop.wait(SUPERVISE_TICK_S):
+        while (
+            any(b.is_alive() for b in batchers)
+            and not errors
+            and not self.stop.wait(SUPERVISE_TICK_S)
+        ):
             last_event = self._report_events(events, last_event)
             self._check_decoders(client, keys, decoders, decoders_stop)
             if self.until_done and accounting.ended(file_cameras):

@@ -10,6 +10,7 @@ Pixels travel as the configured transport's encoder makes them (:mod:`streams.tr
 from __future__ import annotations
 
 import ctypes
+import math
 import multiprocessing
 import os
 import signal
@@ -222,9 +223,13 @@ def wait_until_read(
     client: redis.Redis, stream_key: str, released: StopSignal | None, idle_s: float = LINGER_IDLE_S
 ) -> None:
     """Block while the batcher still has this camera's frames to read (the stream is not empty:
-    acknowledged frames are deleted), until ``released``, or until nothing was read for
-    ``idle_s`` (no batcher is reading)."""
-    released = released or threading.Event()
+    acknowledged frames are deleted), until ``released``. Without a ``released`` signal (no
+    supervising daemon), also until nothing was read for ``idle_s`` (no batcher is reading);
+    with one, only the daemon decides: a slow model load must not cost the frames."""
+    if released is None:
+        released = threading.Event()
+    else:
+        idle_s = math.inf
     last, idle_since = None, time.monotonic()
     while (backlog := client.xlen(stream_key)) > 0 and not released.is_set():
         now = time.monotonic()

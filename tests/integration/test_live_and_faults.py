@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import signal
 import subprocess
 import sys
@@ -150,6 +151,19 @@ def test_missing_model_is_a_clear_error(tmp_path):
     proc = framebatch("run", str(config), "--until-done", timeout=60)
     assert proc.returncode == 2
     assert "nope.onnx" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_backend_without_its_library_is_a_clear_error(tmp_path):
+    if importlib.util.find_spec("tensorrt") is not None:
+        pytest.skip("tensorrt is installed here")
+    engine = tmp_path / "yolov8n.engine"
+    engine.write_bytes(b"not an engine")
+    config = write_config(
+        tmp_path / "c.yaml", model=engine, cameras=[{"id": "a", "url": str(STREET)}], redis_url=None
+    )
+    proc = framebatch("run", str(config), "--until-done", timeout=60)
+    assert proc.returncode == 2
+    assert "pip install tensorrt" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_consume_cli_prints_json_lines_and_group_acknowledges(

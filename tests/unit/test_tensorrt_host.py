@@ -11,7 +11,7 @@ import pytest
 
 from detectors.engine_file import read_engine_file, write_engine_file
 from detectors.postprocess import ImageDetections
-from detectors.preprocess import Letterbox
+from detectors.preprocess import Letterbox, to_network_input
 from detectors.tensorrt_build import (
     Int8AccuracyReport,
     calibration_batches,
@@ -19,7 +19,6 @@ from detectors.tensorrt_build import (
     engine_metadata,
     letterboxed_frames,
     onnx_metadata,
-    to_network_input,
 )
 
 RNG = np.random.default_rng(7)

@@ -63,8 +63,10 @@ def test_device_nms_equals_the_host_path(thresholds, fallback, monkeypatch):
         assert sum(len(d.scores) for d in device) > 10  # the case really exercises NMS
 
 
-def test_an_image_never_suppresses_boxes_of_another():
+@pytest.mark.parametrize("shift", [0.0, -700.0], ids=["inside", "far-negative-corners"])
+def test_an_image_never_suppresses_boxes_of_another(shift):
     raw = synthetic_raw(np.random.default_rng(3), images=1)
+    raw[:, 0:2] += shift  # group offsets must keep images apart even for negative coordinates
     twice = np.concatenate([raw, raw])  # the same boxes in two images
     found = unpack(torch_nms.decode_nms(torch.from_numpy(twice), Thresholds()))
     assert len(found[0].scores) == len(found[1].scores) > 0
