@@ -50,7 +50,13 @@ class OnnxRuntimeBackend:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
         providers = self._providers(ort.get_available_providers(), device_kind, device_index)
-        self._session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
+        try:
+            self._session = ort.InferenceSession(
+                str(path), sess_options=options, providers=providers
+            )
+        except Exception as exc:  # ORT's pybind errors derive from Exception only
+            detail = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            raise ValueError(f"ONNX Runtime cannot load {path.name}: {detail}") from None
         model_input = self._session.get_inputs()[0]
         self._input_name = model_input.name
         _, _, height, width = model_input.shape

@@ -60,7 +60,30 @@ def load_backend(
     path: Path, backend: str = "auto", options: BackendOptions | None = None, **overrides: Any
 ) -> Backend:
     """Load a model with the backend chosen for it (``overrides`` replace fields of options)."""
+    name = backend_name_for(path, backend)
+    check_model_file(path, name)
+    options = replace(options or BackendOptions(), **overrides)
+    return backend_class(name)(path, options)
+
+
+# First bytes of the files each backend reads: a torch checkpoint or TorchScript module is a zip
+# archive; an ONNX model is a protobuf whose first field is ir_version (tag 0x08).
+_MAGIC: dict[str, tuple[bytes, str]] = {
+    "onnxruntime": (b"\x08", "an ONNX model (protobuf)"),
+    "torchscript": (b"PK", "a TorchScript archive (zip)"),
+    "ultralytics": (b"PK", "a PyTorch checkpoint (zip)"),
+}
+
+
+def check_model_file(path: Path, backend: str) -> None:
+    """A missing, empty or plainly wrong file as one line, before a library sees it (their
+    errors are tracebacks or pages of C++ context)."""
     if not path.is_file():
         raise FileNotFoundError(f"model file not found: {path}")
-    options = replace(options or BackendOptions(), **overrides)
-    return backend_class(backend_name_for(path, backend))(path, options)
+    with path.open("rb") as file:
+        head = file.read(8)
+    if not head:
+        raise ValueError(f"model file {path} is empty")
+    magic, what = _MAGIC.get(backend, (b"", ""))
+    if not head.startswith(magic):
+        raise ValueError(f"model file {path} is not {what}: its first bytes are {head[:4]!r}")

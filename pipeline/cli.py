@@ -50,7 +50,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pipeline.config import ConfigError, load_config
     from pipeline.daemon import Pipeline
     from streams.embedded_redis import RedisServerError
-    from streams.urls import redact_url
+    from streams.redis_access import RedisAccessError, describe_redis_error
 
     try:
         config = load_config(args.config)
@@ -60,12 +60,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return EXIT_BAD_INPUT
-    except (FileNotFoundError, ValueError, RedisServerError, BackendUnavailable) as exc:
+    except (
+        FileNotFoundError,
+        ValueError,
+        RedisServerError,
+        RedisAccessError,
+        BackendUnavailable,
+    ) as exc:
         print(f"framebatch: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except redis.ConnectionError as exc:
-        where = redact_url(config.redis.url or "the private redis-server")
-        print(f"framebatch: cannot reach Redis at {where}: {exc}", file=sys.stderr)
+    except redis.RedisError as exc:
+        print(f"framebatch: {describe_redis_error(exc, config.redis.url or '')}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(summary.format())
     if args.summary_json:
@@ -74,14 +79,41 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_CAMERA_ERRORS if failed else EXIT_OK
 
 
+REDIS_URL_ENV = "FRAMEBATCH_REDIS_URL"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def consume_redis_url(args: argparse.Namespace, environ=os.environ) -> str:
+    """``--redis``, else ``--redis-file``, else $FRAMEBATCH_REDIS_URL, else the local default.
+    A password on the command line is visible to every user in ``ps``: say so."""
+    if args.redis:
+        from streams.urls import redact_url
+
+        if redact_url(args.redis) != args.redis:
+            log.warning(
+                "the password in --redis is visible to other users in ps: "
+                "use $%s or --redis-file instead",
+                REDIS_URL_ENV,
+            )
+        return args.redis
+    if args.redis_file:
+        return Path(args.redis_file).read_text().strip()
+    return environ.get(REDIS_URL_ENV) or DEFAULT_REDIS_URL
+
+
 def cmd_consume(args: argparse.Namespace) -> int:
     import redis
 
     from streams.consumer import DetectionConsumer
     from streams.keys import StreamKeys
-    from streams.urls import redact_url
+    from streams.redis_access import describe_redis_error
 
-    client = redis.Redis.from_url(args.redis)
+    try:
+        url = consume_redis_url(args)
+        client = redis.Redis.from_url(url, socket_connect_timeout=5.0)
+    except (OSError, ValueError) as exc:
+        print(f"framebatch consume: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     consumer = DetectionConsumer(
         client,
         StreamKeys(args.prefix),
@@ -94,9 +126,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
             print(json.dumps(message.to_json()), flush=True)
     except KeyboardInterrupt:
         pass
-    except redis.ConnectionError as exc:
-        where = redact_url(args.redis)
-        print(f"framebatch consume: cannot reach Redis at {where}: {exc}", file=sys.stderr)
+    except redis.RedisError as exc:
+        print(f"framebatch consume: {describe_redis_error(exc, url)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     finally:
         client.close()
@@ -186,8 +217,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     consume = commands.add_parser("consume", help="print detections as JSON lines")
     consume.add_argument(
-        "--redis", default="redis://127.0.0.1:6379/0", help="Redis URL (default: %(default)s)"
+        "--redis",
+        help=f"Redis URL (default: ${REDIS_URL_ENV}, else {DEFAULT_REDIS_URL}); a password "
+        "here shows in ps, so prefer the variable or --redis-file",
     )
+    consume.add_argument("--redis-file", metavar="PATH", help="read the Redis URL from a file")
     consume.add_argument("--prefix", default="fb", help="key prefix (default: %(default)s)")
     consume.add_argument("--camera", action="append", help="camera id (repeatable; default: all)")
     consume.add_argument(

@@ -26,8 +26,16 @@ from pydantic import (
 )
 
 from detectors.registry import SUFFIXES
-from pipeline.config_errors import ConfigError, Problem, fail, fail_at, format_validation_errors
-from pipeline.config_yaml import StrictLoader, interpolate
+from pipeline.config_errors import (
+    ConfigError,
+    Problem,
+    clip,
+    fail,
+    fail_at,
+    format_validation_errors,
+)
+from pipeline.config_yaml import MAX_CONFIG_BYTES, StrictLoader, interpolate
+from streams.sources import MAX_FPS, MIN_FPS
 from streams.urls import is_live_url, redact_url, url_scheme
 
 __all__ = ["Config", "ConfigError", "format_validation_errors", "load_config", "parse_config"]
@@ -38,6 +46,8 @@ _DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")
 #: URL schemes a camera may use; anything without ``scheme://`` is a file path.
 CAMERA_SCHEMES = ("rtsp", "rtsps")
 
+#: One decode process per camera: past this, split the cameras across daemons.
+MAX_CAMERAS_PER_DAEMON = 64
 _KEY_PART = re.compile(r"[A-Za-z0-9_.-]+")
 _MODEL_CONFIG = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
@@ -54,7 +64,7 @@ def _resolve(path: Path, info: ValidationInfo) -> Path:
 def _key_part(value: str, what: str, max_len: int) -> str:
     if len(value) > max_len or not _KEY_PART.fullmatch(value):
         raise fail(
-            f"invalid {what} {value!r}: use 1-{max_len} letters, digits, '_', '.' or '-' "
+            f"invalid {what} {clip(value)!r}: use 1-{max_len} letters, digits, '_', '.' or '-' "
             "(it becomes part of Redis keys)"
         )
     return value
@@ -109,14 +119,16 @@ class ModelConfig(BaseModel):
     def _check_path(cls, path: Path, info: ValidationInfo) -> Path:
         if path.suffix.lower() not in MODEL_SUFFIXES:
             supported = ", ".join(MODEL_SUFFIXES)
-            raise fail(f"unsupported model file {path.name!r} (supported suffixes: {supported})")
+            raise fail(
+                f"unsupported model file {clip(path.name)!r} (supported suffixes: {supported})"
+            )
         return _resolve(path, info)
 
     @field_validator("device")
     @classmethod
     def _check_device(cls, device: str) -> str:
         if not _DEVICE.fullmatch(device):
-            raise fail(f"unknown device {device!r} (expected cpu, cuda or cuda:N)")
+            raise fail(f"unknown device {clip(device)!r} (expected cpu, cuda or cuda:N)")
         return device
 
     @model_validator(mode="after")
@@ -195,7 +207,9 @@ class CameraConfig(BaseModel):
     url: str = Field(description="rtsp:// or rtsps:// URL, or a file path (file:// allowed)")
     realtime: bool | None = Field(None, description="Pace file playback at the clip's frame rate")
     loop: bool = Field(False, description="Restart a file at its end (files only)")
-    fps: Finite | None = Field(None, gt=0, description="Override of the pacing / frame rate")
+    fps: Finite | None = Field(
+        None, ge=MIN_FPS, le=MAX_FPS, description="Override of the pacing / frame rate"
+    )
     max_backlog: int | None = Field(None, ge=1, description="Frames queued before drop or block")
     priority: int = Field(
         0, ge=0, le=9, description="Priority level; 0 is served first and shed last"
@@ -225,7 +239,7 @@ class CameraConfig(BaseModel):
             url = unquote(rest[len("localhost") :] if rest.startswith("localhost/") else rest)
         elif scheme is not None:
             raise fail(
-                f"unsupported URL scheme {scheme!r} in {redact_url(url)!r} "
+                f"unsupported URL scheme {clip(scheme)!r} in {clip(redact_url(url))!r} "
                 "(expected rtsp://, rtsps:// or a file path)"
             )
         if not url.strip():
@@ -235,7 +249,7 @@ class CameraConfig(BaseModel):
     @model_validator(mode="after")
     def _check_loop(self) -> CameraConfig:
         if self.loop and self.is_live:
-            message = f"loop is only for files; {redact_url(self.url)!r} is a live source"
+            message = f"loop is only for files; {clip(redact_url(self.url))!r} is a live source"
             raise fail_at(type(self).__name__, [(("loop",), message, True)])
         return self
 
@@ -268,7 +282,11 @@ class Config(BaseModel):
     redis: RedisConfig = Field(default_factory=RedisConfig, description="Redis and its bounds")
     model: ModelConfig = Field(description="Detector model")
     batching: BatchingConfig = Field(default_factory=BatchingConfig, description="Batching policy")
-    cameras: list[CameraConfig] = Field(min_length=1, description="Video sources, unique ids")
+    cameras: list[CameraConfig] = Field(
+        min_length=1,
+        max_length=MAX_CAMERAS_PER_DAEMON,
+        description="Video sources, unique ids (one decode process each)",
+    )
     transport: TransportConfig = Field(
         default_factory=TransportConfig, description="How frames travel to the batcher"
     )
@@ -338,11 +356,16 @@ def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -
     """Read, interpolate, resolve and validate a YAML config file; raises :class:`ConfigError`."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as file:
+            raw = file.read(MAX_CONFIG_BYTES + 1)  # a device or FIFO can be endless
+        if len(raw) > MAX_CONFIG_BYTES:
+            message = f"larger than {MAX_CONFIG_BYTES // 1024} KiB: not a framebatch config"
+            raise ConfigError([message], str(path))
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         raise ConfigError([f"file not found: {path}"], str(path)) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError([f"cannot read file: {exc}"], str(path)) from None
+        raise ConfigError([f"cannot read file: {clip(str(exc))}"], str(path)) from None
     try:
         data = yaml.load(text, Loader=StrictLoader)  # a SafeLoader subclass: no arbitrary objects
     except yaml.MarkedYAMLError as exc:

@@ -13,6 +13,9 @@ from typing import Any, Union, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+MAX_LINE = 400  # an error line never echoes more than this (a value may be megabytes)
+MAX_VALUE = 80  # characters of a user's value quoted in a message
+
 Problem = tuple[tuple[str | int, ...], str, Any]  # (loc below the model, message, input)
 
 
@@ -20,8 +23,8 @@ class ConfigError(Exception):
     """An invalid config: ``errors`` holds one ``dotted.path: message`` line per problem."""
 
     def __init__(self, errors: Sequence[str], source: str = "<config>") -> None:
-        self.errors = list(errors)
-        self.source = source
+        self.errors = [clip(line, MAX_LINE) for line in errors]
+        self.source = clip(source, MAX_LINE)
         super().__init__(self.errors, source)  # args that rebuild it, so it pickles
 
     def __str__(self) -> str:
@@ -29,6 +32,13 @@ class ConfigError(Exception):
         return "\n".join(
             [f"invalid config {self.source} ({count}):"] + [f"  - {e}" for e in self.errors]
         )
+
+
+def clip(text: str, limit: int = MAX_VALUE) -> str:
+    """``text`` cut to ``limit`` characters, saying how long it was."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text):,} characters)"
 
 
 def fail(message: str) -> PydanticCustomError:
@@ -53,6 +63,7 @@ _MESSAGES = {
     "model_type": "must be a mapping",
     "dict_type": "must be a mapping",
     "list_type": "must be a list",
+    "too_long": "at most {max_length} items",
     "path_type": "must be a file path",
     "string_type": "must be a string",
     "int_type": "must be an integer",
@@ -104,9 +115,9 @@ def _unknown_key(root: type[BaseModel], loc: Sequence[str | int]) -> str:
     model = _model_at(root, parent)
     names = list(model.model_fields) if model else []
     where = "unknown key" if parent else "unknown top-level key"
-    close = difflib.get_close_matches(str(key), names, n=1)
+    close = difflib.get_close_matches(str(key)[:MAX_VALUE], names, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else f" (expected one of: {', '.join(names)})"
-    return line_at(parent, f"{where} {key!r}{hint}")
+    return line_at(parent, f"{where} {clip(str(key))!r}{hint}")
 
 
 def format_validation_errors(exc: ValidationError, model: type[BaseModel]) -> list[str]:

@@ -1,4 +1,10 @@
-"""YAML loading for configs: duplicate keys rejected, ``${VAR}`` expanded in string values."""
+"""YAML loading for configs: duplicate keys rejected, ``${VAR}`` expanded in string values.
+
+Hostile YAML costs bounded time and memory: the text is capped (``MAX_CONFIG_BYTES``), nesting
+is capped while composing (``MAX_DEPTH``, before Python's recursion limit), and the document's
+size *with aliases expanded* is counted on the node graph before anything is built from it
+(``MAX_EXPANDED_NODES``): a 500-byte alias bomb expands to billions of values.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +20,33 @@ _ENV_REF = re.compile(r"\$\$\{|\$\{([^}]*)\}|\$\{")
 _ENV_BODY = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?", re.DOTALL)
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a config with a thousand cameras is ~200 KB
+MAX_DEPTH = 32  # the schema nests 4 levels deep
+MAX_EXPANDED_NODES = 100_000  # values after alias expansion
+
+
 class StrictLoader(yaml.SafeLoader):
-    """SafeLoader that rejects a key repeated in one mapping (YAML silently keeps the last)."""
+    """SafeLoader that rejects a key repeated in one mapping (YAML silently keeps the last),
+    nesting deeper than ``MAX_DEPTH``, recursive aliases and alias expansion past
+    ``MAX_EXPANDED_NODES`` values."""
+
+    _depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        if self._depth >= MAX_DEPTH:
+            mark = self.peek_event().start_mark
+            raise yaml.composer.ComposerError(
+                None, None, f"nested deeper than {MAX_DEPTH} levels", mark
+            )
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        _check_expanded_size(node)
+        return super().construct_document(node)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[tuple[str, str]] = set()
@@ -28,6 +59,40 @@ class StrictLoader(yaml.SafeLoader):
                     )
                 seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+def _check_expanded_size(root: yaml.Node) -> None:
+    """Count the values ``root`` stands for with every alias expanded, on the node graph (an
+    alias is the same node object again), memoised, so the count costs O(nodes) not O(values)."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in open_nodes:
+            raise yaml.composer.ComposerError(
+                None, None, "recursive alias (a node that contains itself)", node.start_mark
+            )
+        open_nodes.add(key)
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            total += sum(size(child) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total += sum(size(k) + size(v) for k, v in node.value)
+        open_nodes.discard(key)
+        if total > MAX_EXPANDED_NODES:
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                f"expands to more than {MAX_EXPANDED_NODES:,} values (YAML aliases)",
+                node.start_mark,
+            )
+        sizes[key] = total
+        return total
+
+    size(root)
 
 
 def _substitute(text: str, environ: Mapping[str, str]) -> str:

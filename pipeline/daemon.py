@@ -34,6 +34,7 @@ from streams.embedded_redis import EmbeddedRedis
 from streams.events import EventLog
 from streams.keys import FRAMES_GROUP, StreamKeys
 from streams.messages import EndOfStream
+from streams.redis_access import check_access
 from streams.shm_ring import remove_segments
 from streams.transport import FrameDecoder, TransportSpec, host_id
 
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 SUPERVISE_TICK_S = 0.2
 DECODER_JOIN_S = 5.0
 RESTART_BACKOFF_MAX_S = 30.0
+REDIS_CONNECT_TIMEOUT_S = 5.0  # also bounds a TLS handshake with a server that speaks none
 
 
 def load_detector(config: Config, device: str | None = None) -> Detector:
@@ -212,9 +214,12 @@ class Pipeline:
         check_run_mode(self.config, until_done=self.until_done)
         with ExitStack() as stack:
             self.redis_url = self.config.redis.url or stack.enter_context(EmbeddedRedis()).url
-            client = redis.Redis.from_url(self.redis_url)
+            client = redis.Redis.from_url(
+                self.redis_url, socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S
+            )
             stack.callback(client.close)
             keys = StreamKeys(self.config.redis.prefix)
+            check_access(client, keys, url=self.redis_url)  # ACL denials named, before starting
             self._prepare_streams(client, keys)
             events_seen = EventLog(client, keys).last_id()  # report every event of this run
             seconds, micros = client.time()

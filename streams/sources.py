@@ -23,6 +23,8 @@ RTSP_OPTIONS = {
     "fflags": "nobuffer",
 }
 
+MIN_FPS, MAX_FPS = 0.1, 1000.0  # frame rates worth pacing at: one frame per 10 s .. high-speed
+
 
 class SourceError(Exception):
     """A source could not be opened or read; the message names the camera, never a password."""
@@ -68,9 +70,9 @@ class VideoSource:
 
     @property
     def fps(self) -> float | None:
-        """The stream's average frame rate, when the container declares one."""
+        """The stream's average frame rate, when the container declares a plausible one."""
         rate = self._stream.average_rate if self._stream is not None else None
-        return float(rate) if rate else None
+        return float(rate) if rate and MIN_FPS <= rate <= MAX_FPS else None
 
     def frames(self) -> Iterator[DecodedFrame]:
         """Decoded frames until the end of the source; raises :class:`SourceError` on I/O errors."""

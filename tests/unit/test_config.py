@@ -337,7 +337,7 @@ INVALID = [
         camera(url="rtsp://cam/1", loop=True),
         "cameras[0].loop: loop is only for files; 'rtsp://cam/1' is a live source",
     ),
-    (camera(url="rtsp://c/s", fps=0), "cameras[0].fps: must be > 0.0 (got 0)"),
+    (camera(url="rtsp://c/s", fps=0), "cameras[0].fps: must be >= 0.1 (got 0)"),
     (
         camera(url="rtsp://c/s", fps=float("nan")),
         "cameras[0].fps: must be a finite number (got nan)",

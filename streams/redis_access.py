@@ -1,0 +1,83 @@
+"""Redis access checked once at start, and Redis errors told as one line that says what to do.
+
+An ACL user that lacks one command, or may touch only other keys, would otherwise fail deep in a
+decoder or the batcher with a traceback.  ``check_access`` runs every command a role uses on a
+throw-away key under the prefix, so a denial is found before anything starts and names the
+command.  ``docs/operations.md`` lists the minimal ACL per role.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from streams.keys import StreamKeys
+from streams.urls import redact_url, url_scheme
+
+PROBE_GROUP = "framebatch-probe"
+
+
+class RedisAccessError(RuntimeError):
+    """Redis cannot be used as configured; the message is one line that names the cause."""
+
+
+def _daemon_probes(client: redis.Redis, key: str) -> list[tuple[str, Callable[[], Any]]]:
+    """(command, call) for every command the daemon, its decoders and batchers use."""
+    return [
+        ("PING", client.ping),
+        ("TIME", client.time),
+        ("XADD", lambda: client.xadd(key, {"probe": 1}, maxlen=10, approximate=True)),
+        ("XLEN", lambda: client.xlen(key)),
+        ("XRANGE", lambda: client.xrange(key, count=1)),
+        ("XREVRANGE", lambda: client.xrevrange(key, count=1)),
+        ("XREAD", lambda: client.xread({key: "0"}, count=1)),
+        ("XGROUP CREATE", lambda: client.xgroup_create(key, PROBE_GROUP, id="0")),
+        ("XREADGROUP", lambda: client.xreadgroup(PROBE_GROUP, "probe", {key: ">"}, count=1)),
+        ("XPENDING", lambda: client.xpending(key, PROBE_GROUP)),
+        ("XAUTOCLAIM", lambda: client.xautoclaim(key, PROBE_GROUP, "probe", 0, count=1)),
+        ("XACK", lambda: client.xack(key, PROBE_GROUP, "0-1")),
+        ("XDEL", lambda: client.xdel(key, "0-1")),
+        ("DEL", lambda: client.delete(key)),
+    ]
+
+
+def check_access(client: redis.Redis, keys: StreamKeys, *, url: str) -> None:
+    """Run each command the daemon needs on a probe key; RedisAccessError names what failed."""
+    key = f"{keys.prefix}:probe:{uuid.uuid4().hex[:12]}"
+    try:
+        for command, call in _daemon_probes(client, key):
+            try:
+                call()
+            except redis.exceptions.NoPermissionError as exc:
+                raise RedisAccessError(
+                    f"the Redis user at {redact_url(url)} may not run {command} on {key!r} "
+                    f"({exc}): grant the commands and keys listed in docs/operations.md"
+                ) from None
+            except redis.RedisError as exc:
+                raise RedisAccessError(describe_redis_error(exc, url)) from None
+    finally:
+        try:
+            client.delete(key)
+        except redis.RedisError:
+            pass  # the probe key may not be ours to delete; the error above says why
+
+
+def describe_redis_error(exc: BaseException, url: str) -> str:
+    """One line for a Redis error at start: where, what, and the likely fix."""
+    where = redact_url(url) if url else "the private redis-server"
+    detail = redact_url(str(exc).splitlines()[0][:200]) if str(exc) else type(exc).__name__
+    tls = url_scheme(url) == "rediss"
+    if isinstance(exc, redis.exceptions.AuthenticationError):
+        hint = "check the user and password in redis.url"
+    elif isinstance(exc, redis.exceptions.NoPermissionError):
+        hint = "grant the commands and keys listed in docs/operations.md"
+    elif tls and isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+        hint = "rediss:// needs a TLS port: is TLS enabled there, or is the URL meant as redis://?"
+    elif isinstance(exc, redis.ConnectionError) and "closed" in detail.lower():
+        hint = "a server that closes at once may want TLS (rediss://) or a password"
+    else:
+        hint = "is redis-server running there?"
+    return f"cannot use Redis at {where}: {detail} ({hint})"

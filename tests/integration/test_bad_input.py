@@ -1,0 +1,135 @@
+"""Bad input at start: one clear line, exit 2, no traceback, bounded time (real redis-server)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import time
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+
+from tests.conftest import SAMPLE_CLIPS
+from tests.integration.runner import framebatch, write_config
+
+pytestmark = pytest.mark.integration
+
+CLIP = SAMPLE_CLIPS / "testsrc_640x360_15fps.mp4"
+_users = itertools.count()
+
+
+def _one_clear_line(proc: subprocess.CompletedProcess[str], *expected: str) -> str:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("framebatch")]
+    assert len(lines) == 1, proc.stderr
+    for text in expected:
+        assert text in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        pytest.param(b"hello, I am text\n", "is not an ONNX model", id="text"),
+        pytest.param(b"", "is empty", id="empty"),
+        pytest.param(
+            b"\x08\x09garbage that is no protobuf" * 10,
+            "ONNX Runtime cannot load",
+            id="bad-protobuf",
+        ),
+    ],
+)
+def test_a_model_file_that_is_not_a_model_is_one_line(tmp_path, content, expected):
+    model = tmp_path / "x.onnx"
+    model.write_bytes(content)
+    config = write_config(
+        tmp_path / "c.yaml", model=model, cameras=[{"id": "a", "url": str(CLIP)}], redis_url=None
+    )
+    _one_clear_line(framebatch("run", str(config), "--until-done", timeout=120), "x.onnx", expected)
+
+
+@pytest.fixture
+def acl_user(redis_client):
+    """Makes a Redis ACL user with the given rules; removed after the test."""
+    names = []
+
+    def make(*rules: str) -> tuple[str, str]:
+        name = f"fbtest{next(_users)}-{os.getpid()}"
+        redis_client.execute_command("ACL", "SETUSER", name, "reset", "on", ">pw", *rules)
+        names.append(name)
+        return name, "pw"
+
+    yield make
+    for name in names:
+        redis_client.execute_command("ACL", "DELUSER", name)
+
+
+@pytest.mark.parametrize(
+    ("rules", "expected"),
+    [
+        pytest.param(("~*", "+@all", "-time"), "may not run TIME", id="no-TIME"),
+        pytest.param(("~*", "+@all", "-del"), "may not run DEL", id="no-DEL"),
+        pytest.param(("~*", "+@all", "-xautoclaim"), "may not run XAUTOCLAIM", id="no-XAUTOCLAIM"),
+        pytest.param(("~other:*", "+@all"), "may not run XADD on", id="other-prefix"),
+    ],
+)
+def test_an_acl_denial_names_the_command(
+    redis_url, acl_user, prefix, tmp_path, assets, rules, expected
+):
+    user, password = acl_user(*rules)
+    where = urlsplit(redis_url)
+    url = f"redis://{user}:{password}@{where.hostname}:{where.port}/0"
+    config = write_config(
+        tmp_path / "c.yaml",
+        model=assets / "models" / "yolov8n_fp32_dynbatch.onnx",
+        cameras=[{"id": "a", "url": str(CLIP)}],
+        redis_url=url,
+        prefix=prefix,
+    )
+    line = _one_clear_line(framebatch("run", str(config), "--until-done", timeout=120), expected)
+    assert password not in line.replace("pw ", "")  # the URL is shown redacted
+
+
+def test_rediss_against_a_plain_port_names_tls(redis_url, tmp_path, assets):
+    where = urlsplit(redis_url)
+    config = write_config(
+        tmp_path / "c.yaml",
+        model=assets / "models" / "yolov8n_fp32_dynbatch.onnx",
+        cameras=[{"id": "a", "url": str(CLIP)}],
+        redis_url=f"rediss://{where.hostname}:{where.port}/0",
+    )
+    started = time.monotonic()
+    proc = framebatch("run", str(config), "--until-done", timeout=120)
+    _one_clear_line(proc, "rediss:// needs a TLS port")
+    assert time.monotonic() - started < 60
+
+
+def test_consume_takes_the_url_from_the_environment_or_a_file(redis_url, tmp_path):
+    client = redis.Redis.from_url(redis_url)
+    client.execute_command("ACL", "SETUSER", "fbconsume", "reset", "on", ">s3cret", "~*", "+@all")
+    try:
+        where = urlsplit(redis_url)
+        url = f"redis://fbconsume:s3cret@{where.hostname}:{where.port}/0"
+        command = [sys.executable, "-m", "pipeline.cli", "consume", "--timeout", "0.5"]
+        env = {**os.environ, "FRAMEBATCH_REDIS_URL": url}
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+        url_file = tmp_path / "redis-url"
+        url_file.write_text(url + "\n")
+        proc = framebatch("consume", "--redis-file", str(url_file), "--timeout", "0.5")
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+        # on the command line it still works, with a warning that ps shows it
+        proc = framebatch("consume", "--redis", url, "--timeout", "0.5")
+        assert proc.returncode == 0 and "visible to other users in ps" in proc.stderr
+        # a wrong password is one line, without the password
+        bad = url.replace("s3cret", "wrong-pw")
+        proc = framebatch("consume", "--redis", bad, "--timeout", "0.5")
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert "wrong-pw" not in proc.stderr.split("visible")[-1]
+    finally:
+        client.execute_command("ACL", "DELUSER", "fbconsume")
+        client.close()
