@@ -19,9 +19,12 @@ LATENCY_SAMPLES = 200_000  # bounded memory in a long-running daemon
 
 @dataclass
 class _CameraState:
+    session: str | None = None  # the decoder session now being received ("" before sessions)
     last_seq: int = -1  # in the current decoder session
     earlier_sessions: int = 0  # frames decoded by sessions that ended or restarted
+    decode_errors: int = 0  # frames lost in decoding: part of decoded, dropped as decode_error
     decoded: int = 0
+    previous_run: int = 0  # frames an earlier run left behind: acknowledged, not this run's
     received: int = 0
     processed: int = 0
     shed: int = 0  # received, then dropped by the batching policy
@@ -49,40 +52,68 @@ class Accounting:
     def _state(self, camera: str) -> _CameraState:
         return self._cameras.setdefault(camera, _CameraState())
 
-    def on_received(self, camera: str, seq: int) -> None:
+    @staticmethod
+    def _enter_session(state: _CameraState, session: str) -> None:
+        """Frames of another decoder session: the one before ended (or died) at ``last_seq``."""
+        state.earlier_sessions += state.last_seq + 1
+        state.last_seq = -1
+        state.session = session
+
+    def on_received(self, camera: str, seq: int, session: str = "") -> None:
+        """A frame of ``session`` (its decoder's id; "" from decoders before sessions, whose
+        restarts show only as ``seq`` going back)."""
         with self._lock:
             state = self._state(camera)
+            if session:
+                if session != state.session:
+                    self._enter_session(state, session)
             # seq went back (to 0, or below the last one): a restarted decoder's new session;
             # the same non-zero seq again is a redelivery, neither a restart nor a drop
-            if seq < state.last_seq or (seq == 0 and state.last_seq >= 0):
-                state.earlier_sessions += state.last_seq + 1
-                state.last_seq = -1
+            elif seq < state.last_seq or (seq == 0 and state.last_seq >= 0):
+                self._enter_session(state, "")
             if seq > state.last_seq + 1:
                 state.dropped["overflow"] += seq - state.last_seq - 1
-            state.last_seq = seq
-            state.decoded = state.earlier_sessions + seq + 1
+            state.last_seq = max(seq, state.last_seq)
+            state.decoded = state.earlier_sessions + state.last_seq + 1 + state.decode_errors
             state.received += 1
 
-    def on_end(self, camera: str, frames: int, reason: str, error: str, decode_errors: int) -> None:
+    def on_end(
+        self,
+        camera: str,
+        frames: int,
+        reason: str,
+        error: str,
+        decode_errors: int,
+        session: str = "",
+    ) -> None:
+        """The end of a decoder session: ``frames`` decoded (-1: unknown, it died), and
+        ``decode_errors`` more lost in decoding, which count as decoded and dropped."""
         with self._lock:
             state = self._state(camera)
+            if session and session != state.session:
+                self._enter_session(state, session)  # none of its frames were read
             if frames > state.last_seq + 1:  # the newest frames were trimmed before we read them
                 state.dropped["overflow"] += frames - state.last_seq - 1
-            session = max(frames, state.last_seq + 1)
-            state.earlier_sessions += session
-            state.decoded = state.earlier_sessions
-            state.last_seq = -1
+            state.earlier_sessions += max(frames, state.last_seq + 1)
+            state.last_seq, state.session = -1, None
             if decode_errors:
                 state.dropped["decode_error"] += decode_errors
+                state.decode_errors += decode_errors
+            state.decoded = state.earlier_sessions + state.decode_errors
             state.ended, state.end_reason, state.end_error = True, reason, error
 
-    def on_shed(self, camera: str, cause: str, *, received: bool = True) -> None:
-        """A frame dropped before inference: by the batching policy (``received``), or an
-        earlier run's leftover that never belonged to this run's sessions."""
+    def on_previous_run(self, camera: str) -> None:
+        """A frame an earlier run decoded and left unprocessed: acknowledged and counted apart,
+        in neither this run's decoded nor its dropped frames."""
+        with self._lock:
+            self._state(camera).previous_run += 1
+
+    def on_shed(self, camera: str, cause: str) -> None:
+        """A received frame dropped before inference (batching policy, transport)."""
         with self._lock:
             state = self._state(camera)
             state.dropped[cause] += 1
-            state.shed += received
+            state.shed += 1
 
     def on_published(self, batch: list[tuple[str, float, float]], published: float) -> None:
         """A batch's frames are in Redis: ``(camera, latency_s, queue_delay_s)`` for each."""
@@ -135,6 +166,7 @@ class Accounting:
                         camera=camera,
                         decoded=state.decoded,
                         processed=state.processed,
+                        previous_run=state.previous_run,
                         dropped=dict(state.dropped),
                         end_reason=state.end_reason,
                         error=state.end_error,

@@ -46,6 +46,7 @@ from streams.transport import FrameDecoder, TransportLost
 log = logging.getLogger(__name__)
 
 IDLE_BLOCK_MS = 100
+CLAIM_PAGE = 1000  # pending entries looked at per XPENDING when claiming at start
 _DONE = object()  # end-of-work marker passed down the stage queues
 
 
@@ -105,6 +106,7 @@ class BatchWorker:
         self._until_done = until_done
         self._frames = frame_decoder or FrameDecoder()
         self._consumer = consumer_name
+        self._consumer_b = consumer_name.encode()
         self._since_ms = since_ms
         self._clock = clock
         self._batch_ids = itertools.count()
@@ -120,8 +122,26 @@ class BatchWorker:
         self._read_ids = {keys.frames(camera): "0" for camera in cameras}
 
     # --- reader -----------------------------------------------------------------------------
+    def claim_pending(self) -> int:
+        """Take over the frames another consumer read and never acknowledged (a worker that
+        crashed, or had another name in an earlier run), so this worker's own pending read
+        sees them; returns how many were claimed.  Each camera has one worker at a time."""
+        claimed = 0
+        for key in self._read_ids:
+            after = "-"
+            while pending := self._redis.xpending_range(
+                key, FRAMES_GROUP, min=after, max="+", count=CLAIM_PAGE
+            ):
+                ids = [p["message_id"] for p in pending if p["consumer"] != self._consumer_b]
+                if ids:  # XCLAIM JUSTID: ownership only, not 1 MB of pixels per entry
+                    self._redis.xclaim(key, FRAMES_GROUP, self._consumer, 0, ids, justid=True)
+                claimed += len(ids)
+                after = b"(" + pending[-1]["message_id"]  # exclusive: the next page
+        return claimed
+
     def run(self, stop: threading.Event) -> None:
         """Serve until stopped or done; always finishes and publishes the batches in flight."""
+        self.claim_pending()
         stages = [
             threading.Thread(target=self._guard, args=(self._infer_loop,), name="fb-infer"),
             threading.Thread(target=self._guard, args=(self._publish_loop,), name="fb-publish"),
@@ -203,21 +223,23 @@ class BatchWorker:
         if not fields:  # a pending entry whose frame was trimmed: nothing left to process
             self._redis.xack(key, FRAMES_GROUP, entry_id)
             return []
+        kind = message_kind(fields)
         if int(entry_id.split(b"-")[0]) < self._since_ms:
             # left by an earlier run (its last frames, its decoders' end entries): its own
-            # sessions, not this run's, so acknowledged and counted apart, never as gaps
-            self._accounting.on_shed(fields[b"camera"].decode(), "previous_run", received=False)
+            # sessions, not this run's, so acknowledged and its frames counted apart
+            if kind == "frame":
+                self._accounting.on_previous_run(fields[b"camera"].decode())
             self._ack_and_delete(self._redis, key, [entry_id])
             return []
-        if message_kind(fields) == "end":
+        if kind == "end":
             end = EndOfStream.from_fields(fields)
             self._accounting.on_end(
-                end.camera, end.frames, end.reason, end.error, end.decode_errors
+                end.camera, end.frames, end.reason, end.error, end.decode_errors, end.session
             )
             self._ack_and_delete(self._redis, key, [entry_id])
             return []
         frame = FrameMessage.from_fields(fields)
-        self._accounting.on_received(frame.camera, frame.seq)
+        self._accounting.on_received(frame.camera, frame.seq, frame.session)
         pending = PendingFrame(entry_id, frame)
         return self._policy.add(frame.camera, frame.seq, frame.captured, pending, self._clock())
 
@@ -328,6 +350,7 @@ class BatchWorker:
         )
         return DetectionMessage(
             camera=message.camera,
+            session=message.session,
             seq=message.seq,
             pts=message.pts,
             width=message.width,

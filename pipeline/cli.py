@@ -75,7 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(summary.format())
     if args.summary_json:
         Path(args.summary_json).write_text(json.dumps(summary.to_json(), indent=2))
-    failed = [c for c in summary.cameras if c.end_reason in ("error", "crashed")]
+    failed = [c for c in summary.cameras if c.failed]
     return EXIT_CAMERA_ERRORS if failed else EXIT_OK
 
 
@@ -120,6 +120,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
         cameras=args.camera or (),
         from_start=args.from_start,
         group=args.group,
+        dedupe=not args.keep_duplicates,
     )
     try:
         for message in consumer.messages(count=args.count, timeout_s=args.timeout):
@@ -230,6 +231,12 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument("--count", type=int, help="exit after N messages")
     consume.add_argument("--timeout", type=float, help="exit after S seconds with no new message")
     consume.add_argument("--group", help="durable consumer group; acknowledges what it printed")
+    consume.add_argument(
+        "--keep-duplicates",
+        action="store_true",
+        help="print a frame's detections again when a restart re-published them "
+        "(default: skip repeats of a frame_id)",
+    )
     consume.set_defaults(handler=cmd_consume)
 
     check = commands.add_parser("check-config", help="validate a config and list every error")

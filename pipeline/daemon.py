@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 SUPERVISE_TICK_S = 0.2
 DECODER_JOIN_S = 5.0
 RESTART_BACKOFF_MAX_S = 30.0
+HEALTHY_AFTER_S = 60.0  # a decoder up this long has recovered: its restart backoff resets
 REDIS_CONNECT_TIMEOUT_S = 5.0  # also bounds a TLS handshake with a server that speaks none
 
 
@@ -193,9 +195,10 @@ def check_run_mode(config: Config, *, until_done: bool) -> None:
 class _Decoder:
     spec: DecoderSpec
     process: multiprocessing.process.BaseProcess
-    restarts: int = 0
+    restarts: int = 0  # since the last healthy period: sets the backoff
     restart_at: float | None = None
     finished: bool = False
+    started_at: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -306,10 +309,11 @@ class Pipeline:
         )
 
     def _prepare_streams(self, client: redis.Redis, keys: StreamKeys) -> None:
+        # What an earlier run left in a frames stream stays: the batcher acknowledges those
+        # entries and counts their frames as previous_run (a replay too), never deletes them
+        # unseen, and never processes them as this run's.
         for camera in self.config.cameras:
             key = keys.frames(camera.id)
-            if self.until_done:
-                client.delete(key)  # a replay starts from its own first frame
             try:
                 # "0" on a new stream; an existing group keeps its position and pending frames
                 client.xgroup_create(key, FRAMES_GROUP, id="0", mkstream=True)
@@ -339,6 +343,7 @@ class Pipeline:
                 stop,
                 self._transport,
                 self._released,
+                os.getpid(),  # the decoder dies with this process, however it ends
             ),
             name=f"fb-decoder-{spec.camera}",
             daemon=True,
@@ -389,11 +394,13 @@ class Pipeline:
                 continue
             process = decoder.process
             if process.is_alive():
+                if decoder.restarts and now - decoder.started_at >= HEALTHY_AFTER_S:
+                    decoder.restarts = 0  # a crash after a healthy spell starts at 1 s again
                 continue
             if decoder.restart_at is not None:
                 if now >= decoder.restart_at and not decoders_stop.is_set():
                     decoder.process = self._spawn(decoder.spec, *self._spawn_args)
-                    decoder.restart_at = None
+                    decoder.restart_at, decoder.started_at = None, now
                 continue
             remove_segments(keys.prefix, host=self._host, pids=[process.pid])  # a dead one's ring
             if process.exitcode == 0:

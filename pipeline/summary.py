@@ -17,6 +17,10 @@ def percentile(sorted_values: Sequence[float], q: float) -> float | None:
 
 @dataclass(frozen=True)
 class CameraSummary:
+    """One camera's frames: ``decoded`` (frames read from the source, those lost in decoding
+    included) = ``processed`` + sum of ``dropped`` by cause + ``in_flight``.  ``previous_run``
+    frames were decoded by an earlier run and are outside that sum."""
+
     camera: str
     decoded: int
     processed: int
@@ -25,6 +29,18 @@ class CameraSummary:
     error: str
     latency_p50_s: float | None
     latency_p99_s: float | None
+    previous_run: int = 0
+
+    @property
+    def in_flight(self) -> int:
+        """Decoded, neither processed nor dropped yet (waiting in Redis or in a batch)."""
+        return self.decoded - self.processed - sum(self.dropped.values())
+
+    @property
+    def failed(self) -> bool:
+        """The camera did not reach its end: its source failed, its decoder died, or a live
+        camera was stopped while it could not connect."""
+        return self.end_reason in ("error", "crashed") or bool(self.error)
 
 
 @dataclass(frozen=True)
@@ -55,14 +71,23 @@ class RunSummary:
         return totals
 
     @property
+    def previous_run(self) -> int:
+        return sum(c.previous_run for c in self.cameras)
+
+    @property
     def throughput_fps(self) -> float:
         return self.processed / self.wall_s if self.wall_s > 0 else 0.0
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data.update(
-            processed=self.processed, dropped=self.dropped, throughput_fps=self.throughput_fps
+            processed=self.processed,
+            dropped=self.dropped,
+            previous_run=self.previous_run,
+            throughput_fps=self.throughput_fps,
         )
+        for camera, summary in zip(data["cameras"], self.cameras, strict=True):
+            camera["in_flight"] = summary.in_flight
         return data
 
     def format(self) -> str:
@@ -75,9 +100,11 @@ class RunSummary:
                 ", ".join(f"{cause} {n}" for cause, n in sorted(c.dropped.items()) if n) or "none"
             )
             status = f"{c.end_reason}: {c.error}" if c.error else (c.end_reason or "running")
+            extra = f", in flight {c.in_flight}" if c.in_flight else ""
+            extra += f" (+{c.previous_run} left by an earlier run)" if c.previous_run else ""
             lines.append(
-                f"  camera {c.camera}: decoded {c.decoded}, processed {c.processed}, "
-                f"dropped {dropped}; latency p50 {ms(c.latency_p50_s)} "
+                f"  camera {c.camera}: decoded {c.decoded} = processed {c.processed} + "
+                f"dropped {dropped}{extra}; latency p50 {ms(c.latency_p50_s)} "
                 f"p99 {ms(c.latency_p99_s)} ({status})"
             )
         dropped_total = (

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 
 import redis
@@ -17,6 +18,7 @@ from streams.keys import StreamKeys
 from streams.messages import DetectionMessage
 
 DEFAULT_BLOCK_MS = 500
+TRACKED_SESSIONS = 10_000  # decoder sessions remembered for de-duplication
 DISCOVER_EVERY_S = 1.0  # how often to look for cameras that appeared since (all-cameras mode)
 
 
@@ -27,6 +29,12 @@ class DetectionConsumer:
     what the streams still hold).  With ``group`` it joins a durable consumer group and
     acknowledges each message once the caller has taken the next one, so a message being
     handled when the process dies is delivered again.
+
+    Delivery from the pipeline is at least once: a frame whose detections were published just
+    before a crash is published again after it.  With ``dedupe`` (the default) such a repeat
+    is skipped (and still acknowledged): results of one decoder session come in ``seq``
+    order, so a message whose ``seq`` is not above the last one of its session was delivered
+    already.  ``duplicates`` counts what was skipped.
     """
 
     def __init__(
@@ -39,6 +47,7 @@ class DetectionConsumer:
         group: str | None = None,
         consumer: str | None = None,
         block_ms: int = DEFAULT_BLOCK_MS,
+        dedupe: bool = True,
     ):
         self._redis = redis_client
         self._keys = keys
@@ -49,6 +58,24 @@ class DetectionConsumer:
         self._block_ms = block_ms
         self._positions: dict[str, str] = {}
         self._discovered_at: float | None = None
+        self._dedupe = dedupe
+        # (camera, session) -> highest seq delivered, least recently seen first
+        self._last_seq: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self.duplicates = 0
+
+    def _is_duplicate(self, message: DetectionMessage) -> bool:
+        if not self._dedupe or not message.session:
+            return False
+        session = (message.camera, message.session)
+        last = self._last_seq.get(session)
+        if last is not None and message.seq <= last:
+            self.duplicates += 1
+            return True
+        self._last_seq[session] = message.seq
+        self._last_seq.move_to_end(session)
+        if len(self._last_seq) > TRACKED_SESSIONS:
+            self._last_seq.popitem(last=False)
+        return False
 
     def _discover(self, first: bool) -> None:
         """Add streams not yet followed (all cameras: found by SCAN, so late cameras join)."""
@@ -111,9 +138,14 @@ class DetectionConsumer:
                 for entry_id, fields in entries:
                     if self._group is None:
                         self._positions[key] = entry_id.decode()
-                    yield DetectionMessage.from_fields(fields)
+                    message = DetectionMessage.from_fields(fields)
+                    duplicate = self._is_duplicate(message)
+                    if not duplicate:
+                        yield message
                     if self._group is not None:
                         self._redis.xack(key, self._group, entry_id)
+                    if duplicate:
+                        continue
                     delivered += 1
                     if count is not None and delivered >= count:
                         return

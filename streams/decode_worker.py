@@ -25,7 +25,8 @@ import redis
 
 from streams.events import EventLog
 from streams.keys import StreamKeys
-from streams.messages import EndOfStream, FrameMessage
+from streams.lifeline import ParentGone, die_with_parent, raise_parent_gone_on
+from streams.messages import EndOfStream, FrameMessage, new_session_id
 from streams.sources import SourceError, VideoSource
 from streams.transport import FrameEncoder, RawEncoder, TransportSpec, make_encoder
 from streams.urls import redact_url
@@ -120,6 +121,7 @@ class DecodeWorker:
         self._encoder = encoder or RawEncoder()
         self._clock = clock
         self._events = EventLog(redis_client, keys)
+        self.session = new_session_id()  # with seq, names each frame uniquely across restarts
         self.seq = 0
         self.decode_errors = 0
         self._room = 0  # frames that may still be added before asking XLEN again
@@ -158,7 +160,9 @@ class DecodeWorker:
             elif not spec.loop:
                 reason, error = "eof", ""
                 break
-        end = EndOfStream(spec.camera, self.seq, reason, error, self.decode_errors)
+        end = EndOfStream(
+            spec.camera, self.seq, reason, error, self.decode_errors, session=self.session
+        )
         self._redis.xadd(self._stream_key, end.to_fields())
         self._events.emit(spec.camera, "ended", f"{reason}: {self.seq} frames")
         return end
@@ -197,6 +201,7 @@ class DecodeWorker:
                 input_height=height,
                 encoding=encoded.encoding,
                 shm=encoded.shm,
+                session=self.session,
             )
             self._redis.xadd(
                 self._stream_key,
@@ -248,12 +253,18 @@ def run_decoder_process(
     stop: StopSignal,
     transport: TransportSpec | None = None,
     released: StopSignal | None = None,
+    parent_pid: int | None = None,
 ) -> None:
     """Process entry point: the parent coordinates shutdown, so SIGINT is ignored here.
 
     With the shm transport the ring lives until the batcher has read this camera's frames, or
-    until the parent sets ``released`` (its batcher has stopped); then it is unlinked."""
+    until the parent sets ``released`` (its batcher has stopped); then it is unlinked.  With
+    ``parent_pid`` the process dies with its parent (SIGKILL of the daemon included) and a
+    SIGTERM, from the kernel or the supervisor, unlinks the ring on the way out."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if parent_pid is not None:
+        raise_parent_gone_on(signal.SIGTERM)
+        die_with_parent(parent_pid, signal.SIGTERM)
     client = redis.Redis.from_url(redis_url)
     keys = StreamKeys(prefix)
     encoder = make_encoder(
@@ -264,13 +275,17 @@ def run_decoder_process(
         max_backlog=spec.max_backlog,
         pid=os.getpid(),
     )
+    orphaned = False
     try:
         DecodeWorker(
             spec=spec, redis_client=client, keys=keys, prepare=prepare, encoder=encoder
         ).run(stop)
+    except ParentGone:
+        orphaned = True  # nobody will read the ring any more
+        raise
     finally:
         try:
-            if encoder.holds_frames:
+            if encoder.holds_frames and not orphaned:
                 wait_until_read(client, keys.frames(spec.camera), released)
         finally:
             encoder.close()

@@ -1,7 +1,16 @@
-"""A private ``redis-server`` for the daemon (no ``redis.url`` configured) and for tests."""
+"""A private ``redis-server`` for the daemon (no ``redis.url`` configured) and for tests.
+
+It never outlives its owner: ``redis-server`` runs under a small ``sh`` guard that dies with the
+owner (``PR_SET_PDEATHSIG``, even when the owner is SIGKILLed), stops the server the same way
+(``setpriv --pdeathsig``) and removes the server's folder once it exited.  The guard runs in a
+session of its own, so a Ctrl-C at the terminal reaches only the daemon, which then finishes its
+batches against a server still up.  Folders of owners that died before the guard existed are
+swept at the next start.
+"""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -11,7 +20,21 @@ from pathlib import Path
 
 import redis
 
+from streams.lifeline import lifeline_preexec
+
 START_TIMEOUT_S = 10.0
+WORKDIR_PREFIX = "framebatch-redis-"
+OWNER_FILE = "owner.pid"
+
+# $0 is redis-server's command, "$@" its arguments; the folder comes in FRAMEBATCH_REDIS_DIR.
+_GUARD = (
+    '"$0" "$@" & server=$!\n'
+    "trap 'kill -TERM \"$server\" 2>/dev/null' TERM HUP INT\n"
+    'wait "$server"; status=$?\n'
+    'wait "$server" 2>/dev/null\n'  # a trapped signal ends the first wait early
+    'rm -rf -- "$FRAMEBATCH_REDIS_DIR"\n'
+    'exit "$status"\n'
+)
 
 
 class RedisServerError(RuntimeError):
@@ -23,6 +46,30 @@ def free_tcp_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
+
+
+def sweep_stale_workdirs(directory: Path | None = None) -> list[Path]:
+    """Remove private-server folders whose owner process is gone (a crash before cleanup)."""
+    removed = []
+    for workdir in Path(directory or tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*"):
+        try:
+            owner = int((workdir / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue  # not ours to judge, or being created right now
+        if not _pid_alive(owner):
+            shutil.rmtree(workdir, ignore_errors=True)
+            removed.append(workdir)
+    return removed
 
 
 class EmbeddedRedis:
@@ -45,7 +92,9 @@ class EmbeddedRedis:
                 f"{self._executable!r} not found: install Debian's redis-server "
                 "or set redis.url in the config"
             )
-        self._workdir = Path(tempfile.mkdtemp(prefix="framebatch-redis-"))
+        sweep_stale_workdirs()
+        self._workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
+        (self._workdir / OWNER_FILE).write_text(str(os.getpid()))
         args = [binary, "--save", "", "--appendonly", "no", "--dir", str(self._workdir)]
         if self._port is None:
             sock = self._workdir / "redis.sock"
@@ -54,8 +103,17 @@ class EmbeddedRedis:
         else:
             args += ["--port", str(self._port), "--bind", "127.0.0.1"]
             self.url = f"redis://127.0.0.1:{self._port}/0"
+        setpriv = shutil.which("setpriv")  # util-linux: the server dies with its guard
+        if setpriv is not None:
+            args = [setpriv, "--pdeathsig", "TERM", "--", *args]
         self._process = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
+            ["/bin/sh", "-c", _GUARD, *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "FRAMEBATCH_REDIS_DIR": str(self._workdir)},
+            preexec_fn=lifeline_preexec(os.getpid()),
+            start_new_session=True,
         )
         self._wait_ready()
         return self

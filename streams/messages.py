@@ -1,5 +1,10 @@
 """Wire messages: frozen dataclasses with a schema version and explicit Redis field mapping.
 
+Every frame belongs to a decoder *session* (one decode process's life, a random id) and has a
+``frame_id`` ``<session>:<seq>`` that is unique across decoder and daemon restarts, so consumers
+of at-least-once delivery can de-duplicate.  ``session`` and ``frame_id`` were added to schema 1
+without a version bump: they are additive, readers of either vintage read both.
+
 Frame streams carry two kinds of entries, told apart by the ``kind`` field: ``frame`` (a
 letterboxed image with its geometry and timestamps) and ``end`` (the decoder's last word for
 one source session: how many frames it decoded and why it stopped).  Detection streams carry
@@ -14,6 +19,7 @@ back into an image is ``streams.transport.FrameDecoder``'s job.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +47,20 @@ def _check_version(fields: Fields) -> None:
         raise ValueError(
             f"unsupported message schema version {version} (expected {SCHEMA_VERSION})"
         )
+
+
+def _session(fields: Fields) -> str:
+    return fields.get(b"session", b"").decode()
+
+
+def frame_id(session: str, seq: int) -> str:
+    """A frame's id: its decoder session and its index in that session."""
+    return f"{session}:{seq}"
+
+
+def new_session_id() -> str:
+    """A decoder session's id: random, so ids never repeat across restarts or hosts."""
+    return uuid.uuid4().hex[:16]
 
 
 def message_kind(fields: Fields) -> str:
@@ -94,6 +114,12 @@ class FrameMessage:
     input_height: int = 640
     encoding: str = "raw"  # one of ENCODINGS
     shm: ShmRef | None = None  # set for the shm encoding only
+    session: str = ""  # the decoder session that made it ("" in entries written before sessions)
+
+    @property
+    def frame_id(self) -> str:
+        """Unique across decoder and daemon restarts: ``<session>:<seq>``."""
+        return frame_id(self.session, self.seq)
 
     def __post_init__(self) -> None:
         if self.encoding not in ENCODINGS:
@@ -118,6 +144,7 @@ class FrameMessage:
             "encoding": self.encoding,
             **(self.shm.to_fields() if self.shm is not None else {}),
             "camera": self.camera,
+            "session": self.session,
             "seq": self.seq,
             "pts": "" if self.pts is None else repr(self.pts),
             "width": self.width,
@@ -152,6 +179,7 @@ class FrameMessage:
             pixels=fields.get(b"pixels", b""),
             encoding=encoding,
             shm=ShmRef.from_fields(fields) if encoding == "shm" else None,
+            session=_session(fields),
         )
 
 
@@ -163,13 +191,15 @@ class EndOfStream:
     frames: int  # frames decoded in the session (seq of the last frame + 1)
     reason: str  # "eof", "error", "stopped" or "crashed"
     error: str = ""  # a one-line message naming the camera, passwords redacted
-    decode_errors: int = 0  # packets that failed to decode: frames dropped, cause decode_error
+    decode_errors: int = 0  # frames lost in decoding (packets that gave no frame)
+    session: str = ""
 
     def to_fields(self) -> dict[str, str | int]:
         return {
             "v": SCHEMA_VERSION,
             "kind": "end",
             "camera": self.camera,
+            "session": self.session,
             "frames": self.frames,
             "reason": self.reason,
             "error": self.error,
@@ -185,6 +215,7 @@ class EndOfStream:
             reason=_text(fields, "reason"),
             error=fields.get(b"error", b"").decode(),
             decode_errors=int(fields.get(b"decode_errors", b"0")),
+            session=_session(fields),
         )
 
 
@@ -248,6 +279,12 @@ class DetectionMessage:
     detections: tuple[Detection, ...]
     timestamps: Timestamps
     schema: int = SCHEMA_VERSION
+    session: str = ""
+
+    @property
+    def frame_id(self) -> str:
+        """The frame's id, unique across restarts: at-least-once delivery de-duplicates by it."""
+        return frame_id(self.session, self.seq)
 
     @property
     def latency_s(self) -> float:
@@ -259,6 +296,8 @@ class DetectionMessage:
         return {
             "v": self.schema,
             "camera": self.camera,
+            "session": self.session,
+            "frame_id": self.frame_id,
             "seq": self.seq,
             "pts": "" if self.pts is None else repr(self.pts),
             "width": self.width,
@@ -282,6 +321,7 @@ class DetectionMessage:
             batch_size=int(fields[b"batch_size"]),
             detections=tuple(Detection.from_json(d) for d in json.loads(fields[b"detections"])),
             timestamps=Timestamps(*(float(fields[name.encode()]) for name in _TIMESTAMP_NAMES)),
+            session=_session(fields),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -289,6 +329,8 @@ class DetectionMessage:
         return {
             "schema": self.schema,
             "camera": self.camera,
+            "session": self.session,
+            "frame_id": self.frame_id,
             "seq": self.seq,
             "pts": self.pts,
             "width": self.width,

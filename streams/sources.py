@@ -1,6 +1,7 @@
 """Video sources on PyAV: files and network cameras, decoded to BGR frames.
 
-Decoding goes packet by packet so one corrupt packet costs one frame (counted), not the file.
+Decoding goes packet by packet so one corrupt packet costs one frame (counted), not the file;
+frames lost are counted as packets in less frames out, whatever threading the decoder uses.
 Network cameras open with TCP transport, open/read timeouts and a small probe so they start
 fast; a demuxer that ends quietly on a live source is reported as a disconnect by the caller.
 """
@@ -48,7 +49,10 @@ class VideoSource:
         self._timeouts = (open_timeout_s, read_timeout_s)
         self._container: av.container.InputContainer | None = None
         self._stream: av.video.stream.VideoStream | None = None
-        self.decode_errors = 0
+        self.packets = 0  # packets with data given to the decoder
+        self.frames_out = 0  # frames it gave back
+        self._failed_packets = 0  # packets whose decode raised
+        self._drained = False  # the demuxer ended and the decoder was flushed
 
     def _error(self, what: str, exc: BaseException) -> SourceError:
         detail = redact_url(str(exc)) or type(exc).__name__
@@ -82,11 +86,13 @@ class VideoSource:
         time_base: Fraction | None = stream.time_base
         try:
             for packet in self._container.demux(stream):
+                self.packets += packet.size > 0  # the last, empty packet flushes the decoder
                 try:
                     decoded = packet.decode()
                 except av.error.InvalidDataError:
-                    self.decode_errors += 1  # one bad packet: count it, keep the rest
-                    continue
+                    self._failed_packets += 1
+                    continue  # one bad packet costs its frame (counted), not the file
+                self.frames_out += len(decoded)
                 for frame in decoded:
                     pts = (
                         float(frame.pts * time_base)
@@ -94,8 +100,21 @@ class VideoSource:
                         else None
                     )
                     yield DecodedFrame(frame.to_ndarray(format="bgr24"), pts)
+            self._drained = True
         except (av.error.FFmpegError, OSError) as exc:
             raise self._error("read failed", exc) from None
+
+    @property
+    def decode_errors(self) -> int:
+        """Frames lost in decoding: packets that gave no frame.
+
+        Counted from packets in and frames out rather than from exceptions: with frame
+        threading a corrupt packet often raises nothing and its frame just never comes.  Until
+        the decoder is flushed some frames are still inside it, so before that only the packets
+        that raised count."""
+        if self._drained:
+            return max(0, self.packets - self.frames_out)
+        return self._failed_packets
 
     def close(self) -> None:
         if self._container is not None:

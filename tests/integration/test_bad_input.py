@@ -73,7 +73,7 @@ def acl_user(redis_client):
     [
         pytest.param(("~*", "+@all", "-time"), "may not run TIME", id="no-TIME"),
         pytest.param(("~*", "+@all", "-del"), "may not run DEL", id="no-DEL"),
-        pytest.param(("~*", "+@all", "-xautoclaim"), "may not run XAUTOCLAIM", id="no-XAUTOCLAIM"),
+        pytest.param(("~*", "+@all", "-xclaim"), "may not run XCLAIM", id="no-XCLAIM"),
         pytest.param(("~other:*", "+@all"), "may not run XADD on", id="other-prefix"),
     ],
 )

@@ -73,6 +73,10 @@ def test_every_frame_has_exactly_one_message_and_nothing_drops(replay, reference
     for cam, clip in CLIPS.items():
         seqs = [m.seq for m in messages[cam]]
         assert seqs == list(range(reference[clip]["decoded_frames"])), cam
+        # one decoder session per camera; frame ids unique across every camera
+        assert len({m.session for m in messages[cam]}) == 1 and messages[cam][0].session
+    frame_ids = [m.frame_id for cam in CLIPS for m in messages[cam]]
+    assert len(set(frame_ids)) == len(frame_ids)
     assert result.summary["dropped"] == {}
     assert result.summary["processed"] == sum(r["decoded_frames"] for r in reference.values())
 
@@ -130,6 +134,8 @@ def test_wire_contract_fields(replay):
     line = message.to_json()
     for key in (
         "camera",
+        "session",
+        "frame_id",
         "seq",
         "pts",
         "width",
@@ -149,6 +155,7 @@ def test_wire_contract_fields(replay):
         <= stamps["published"]
     )
     assert line["pts"] == pytest.approx(100 / 29.97, abs=0.01)
+    assert line["frame_id"] == f"{line['session']}:100"
     assert set(line["detections"][0]) == {"box", "score", "class_id", "label"}
 
 

@@ -314,7 +314,7 @@ def test_summary_figures_with_a_fake_clock() -> None:
     text = summary.format()
     assert "batches 3, mean batch size 2.67 (fill 67%), sizes 2x2 4x1" in text
     assert "queue delay p50 40 ms, p99 80 ms" in text
-    assert "camera b: decoded 4, processed 3, dropped overflow 1" in text
+    assert "camera b: decoded 4 = processed 3 + dropped overflow 1" in text
 
 
 def test_summary_of_an_idle_run() -> None:
@@ -387,3 +387,80 @@ def test_queue_delay_percentiles_over_all_frames(
     assert summary.queue_delay_p50_s == pytest.approx(p50)
     assert summary.queue_delay_p99_s == pytest.approx(p99)
     assert summary.latency_p99_s == pytest.approx(1.0)
+
+
+# --- decoder sessions, decode errors and earlier runs -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("frames", "overflow", "decoded"),
+    [
+        ([("A", s) for s in range(5)] + [("B", s) for s in range(3)], 0, 5 + 3),
+        # a restarted decoder whose first frames were trimmed: a new session, its gap overflow
+        ([("A", s) for s in range(5)] + [("B", s) for s in range(3, 6)], 3, 5 + 6),
+        # the same session going back is a redelivery, not a restart (seq alone would say so)
+        ([("A", 0), ("A", 1), ("A", 2), ("A", 1)], 0, 3),
+        # a new session starting at 0 while the old one had only reached 0
+        ([("A", 0), ("B", 0), ("C", 0)], 0, 3),
+    ],
+)
+def test_sessions_tell_restarts_from_redeliveries(frames, overflow: int, decoded: int) -> None:
+    accounting = Accounting(["a"], clock=FakeClock())
+    for session, seq in frames:
+        accounting.on_received("a", seq, session)
+    summary = camera_summary(accounting, "a")
+    assert summary.dropped.get("overflow", 0) == overflow
+    assert summary.decoded == decoded
+
+
+def test_the_end_of_a_session_never_read_counts_all_its_frames_as_overflow() -> None:
+    accounting = Accounting(["a"], clock=FakeClock())
+    for seq in range(3):
+        accounting.on_received("a", seq, "A")
+    accounting.on_end("a", 5, "eof", "", 0, session="B")
+    summary = camera_summary(accounting, "a")
+    assert (summary.decoded, summary.dropped) == (3 + 5, {"overflow": 5})
+
+
+def test_decode_errors_are_decoded_frames_dropped_so_the_totals_add_up() -> None:
+    accounting = Accounting(["a"], clock=FakeClock())
+    for seq in range(10):
+        accounting.on_received("a", seq, "A")
+    accounting.on_published([("a", 0.01, 0.001)] * 8, published=1.0)
+    accounting.on_shed("a", "stale")
+    accounting.on_end("a", 10, "eof", "", 3, session="A")
+    summary = camera_summary(accounting, "a")
+    assert summary.decoded == 13
+    assert summary.dropped == {"decode_error": 3, "stale": 1}
+    assert summary.in_flight == 1  # received, neither processed nor dropped yet
+    assert summary.decoded == summary.processed + sum(summary.dropped.values()) + 1
+
+
+def test_frames_of_an_earlier_run_are_counted_apart() -> None:
+    accounting = Accounting(["a"], clock=FakeClock())
+    accounting.on_previous_run("a")
+    accounting.on_previous_run("a")
+    accounting.on_received("a", 0, "A")
+    accounting.on_published([("a", 0.01, 0.001)], published=1.0)
+    summary = accounting.summary()
+    (camera,) = summary.cameras
+    assert (camera.decoded, camera.processed, camera.dropped) == (1, 1, {})
+    assert camera.previous_run == summary.previous_run == 2
+    assert summary.to_json()["previous_run"] == 2
+    assert "(+2 left by an earlier run)" in summary.format()
+
+
+@pytest.mark.parametrize(
+    ("reason", "error", "failed"),
+    [
+        ("eof", "", False),
+        ("stopped", "", False),  # a live camera stopped while streaming
+        ("stopped", "camera 'door' (rtsp://u:***@h/x): cannot open: refused", True),
+        ("error", "camera 'a': cannot open", True),
+        ("crashed", "decoder process for camera 'a' died (exit code -9)", True),
+    ],
+)
+def test_a_camera_that_did_not_reach_its_end_failed(reason: str, error: str, failed: bool):
+    accounting = Accounting(["a"], clock=FakeClock())
+    accounting.on_end("a", 0, reason, error, 0)
+    assert camera_summary(accounting, "a").failed is failed

@@ -1,0 +1,55 @@
+"""Children that die with their parent, whatever killed it (SIGKILL and ``os._exit`` included).
+
+Linux's ``PR_SET_PDEATHSIG`` asks the kernel to signal a process when the thread that created it
+exits; it survives ``execve``, so it also covers ``redis-server`` started through a shell.  Set in
+the child, it races with a parent that died before the call: the child checks that its parent is
+still the one it was given and signals itself otherwise.  On other systems it does nothing and
+the supervisor's orderly teardown is all there is.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from collections.abc import Callable
+
+PR_SET_PDEATHSIG = 1
+
+
+class ParentGone(SystemExit):
+    """Raised in a child by the signal its parent's death sends: unwinds ``finally`` blocks
+    (a decoder unlinks its shared-memory ring) instead of dying on the spot."""
+
+
+def die_with_parent(parent_pid: int, signum: int = signal.SIGTERM) -> bool:
+    """Ask for ``signum`` when the parent dies; signal ourselves if it already has.  Returns
+    whether the kernel took the request (False off Linux)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0) != 0:
+        return False
+    if os.getppid() != parent_pid:  # the parent died before the request took effect
+        os.kill(os.getpid(), signum)
+    return True
+
+
+def lifeline_preexec(parent_pid: int, signum: int = signal.SIGTERM) -> Callable[[], None]:
+    """A ``subprocess.Popen(preexec_fn=...)`` that ties the child to ``parent_pid``."""
+
+    def preexec() -> None:
+        die_with_parent(parent_pid, signum)
+
+    return preexec
+
+
+def raise_parent_gone_on(signum: int = signal.SIGTERM) -> None:
+    """In a child: turn ``signum`` (the parent-death signal, or the supervisor's terminate)
+    into :class:`ParentGone`, so cleanup runs."""
+
+    def handle(received: int, _frame: object) -> None:
+        raise ParentGone(128 + received)
+
+    signal.signal(signum, handle)

@@ -1,0 +1,81 @@
+"""Stable identities on a real redis-server: frame ids survive restarts, consumers de-duplicate,
+and what an earlier run left (pending on any consumer, or unread) is claimed and counted."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from streams.consumer import DetectionConsumer
+from streams.keys import FRAMES_GROUP, StreamKeys
+from streams.messages import DetectionMessage, FrameMessage, Timestamps
+from tests.conftest import MODEL, VIDEOS
+from tests.integration.runner import published, run_until_done, write_config
+
+pytestmark = pytest.mark.integration
+
+STREET = VIDEOS / "street_night_1920x1080_3fps.mp4"  # 8 frames
+
+
+def detection(camera: str, session: str, seq: int) -> DetectionMessage:
+    stamps = Timestamps(1.0, 1.0, 1.0, 1.0, 1.0)
+    return DetectionMessage(camera, seq, None, 4, 4, 0, 1, (), stamps, session=session)
+
+
+@pytest.mark.parametrize("group", [None, "audit"])
+def test_the_consumer_skips_a_republished_frame(redis_client, prefix, group):
+    keys = StreamKeys(prefix)
+    # session A republished 1 and 2 after a crash; B is a restarted decoder (seq from 0 again)
+    sent = [("A", 0), ("A", 1), ("A", 2), ("A", 1), ("A", 2), ("A", 3), ("B", 0), ("B", 1)]
+    for session, seq in sent:
+        redis_client.xadd(keys.detections("door"), detection("door", session, seq).to_fields())
+    consumer = DetectionConsumer(redis_client, keys, from_start=True, group=group)
+    got = [m.frame_id for m in consumer.messages(timeout_s=1.0)]
+    assert got == ["A:0", "A:1", "A:2", "A:3", "B:0", "B:1"]
+    assert consumer.duplicates == 2
+    if group is not None:  # repeats are acknowledged too
+        assert redis_client.xpending(keys.detections("door"), group)["pending"] == 0
+    keep = DetectionConsumer(redis_client, keys, from_start=True, dedupe=False)
+    assert len(list(keep.messages(timeout_s=1.0))) == len(sent)
+
+
+def leftover_frame(camera: str, seq: int) -> dict:
+    pixels = np.zeros((32, 32, 3), np.uint8).tobytes()
+    now = time.time()
+    message = FrameMessage(
+        camera, seq, None, 32, 32, 1.0, 0, 0, now, now, pixels, 32, 32, session="earlier"
+    )
+    return message.to_fields()
+
+
+def test_a_replay_claims_and_counts_what_an_earlier_run_left(
+    assets, redis_client, redis_url, prefix, tmp_path
+):
+    keys = StreamKeys(prefix)
+    stream = keys.frames("street")
+    redis_client.xgroup_create(stream, FRAMES_GROUP, id="0", mkstream=True)
+    for seq in range(5):
+        redis_client.xadd(stream, leftover_frame("street", seq))
+    # three read by a worker of the earlier run (another name) and never acknowledged
+    redis_client.xreadgroup(FRAMES_GROUP, "batcher-7", {stream: ">"}, count=3)
+    assert redis_client.xpending(stream, FRAMES_GROUP)["pending"] == 3
+    config = write_config(
+        tmp_path / "c.yaml",
+        model=MODEL,
+        cameras=[{"id": "street", "url": str(STREET)}],
+        redis_url=redis_url,
+        prefix=prefix,
+    )
+    result = run_until_done(config, timeout=300)
+    assert result.returncode == 0, result.stderr
+    (camera,) = result.summary["cameras"]
+    assert camera["previous_run"] == 5  # pending on another consumer, and unread: all counted
+    assert (camera["decoded"], camera["processed"], camera["dropped"]) == (8, 8, {})
+    assert "(+5 left by an earlier run)" in result.stdout
+    assert redis_client.xpending(stream, FRAMES_GROUP)["pending"] == 0
+    assert redis_client.xlen(stream) == 0
+    messages = published(redis_client, prefix, "street")
+    assert [m.seq for m in messages] == list(range(8))
+    assert "earlier" not in {m.session for m in messages}  # never processed as this run's
