@@ -25,6 +25,8 @@ class _CameraState:
     decode_errors: int = 0  # frames lost in decoding: part of decoded, dropped as decode_error
     decoded: int = 0
     previous_run: int = 0  # frames an earlier run left behind: acknowledged, not this run's
+    redis_down_seen: int = 0  # the session's count of frames shed while Redis was away
+    redis_lost: bool = False  # Redis lost its data: the next gap is that, not overflow
     received: int = 0
     processed: int = 0
     shed: int = 0  # received, then dropped by the batching policy
@@ -58,10 +60,25 @@ class Accounting:
         state.earlier_sessions += state.last_seq + 1
         state.last_seq = -1
         state.session = session
+        state.redis_down_seen = 0
 
-    def on_received(self, camera: str, seq: int, session: str = "") -> None:
+    @staticmethod
+    def _gap(state: _CameraState, missing: int, redis_down: int) -> None:
+        """``missing`` frames of this session never reached the batcher: those its decoder
+        shed while Redis was away (its running count went up), then, at the first frame
+        after Redis came back empty, those it lost, else those a capped stream trimmed."""
+        shed = max(0, min(missing, redis_down - state.redis_down_seen))
+        state.redis_down_seen = max(state.redis_down_seen, redis_down)
+        lost, state.redis_lost = state.redis_lost, False
+        if shed > 0:
+            state.dropped["redis_down"] += shed
+        if missing > shed:
+            state.dropped["redis_lost" if lost else "overflow"] += missing - shed
+
+    def on_received(self, camera: str, seq: int, session: str = "", redis_down: int = 0) -> None:
         """A frame of ``session`` (its decoder's id; "" from decoders before sessions, whose
-        restarts show only as ``seq`` going back)."""
+        restarts show only as ``seq`` going back); ``redis_down`` is the session's count of
+        frames shed while Redis was away."""
         with self._lock:
             state = self._state(camera)
             if session:
@@ -71,8 +88,7 @@ class Accounting:
             # the same non-zero seq again is a redelivery, neither a restart nor a drop
             elif seq < state.last_seq or (seq == 0 and state.last_seq >= 0):
                 self._enter_session(state, "")
-            if seq > state.last_seq + 1:
-                state.dropped["overflow"] += seq - state.last_seq - 1
+            self._gap(state, seq - state.last_seq - 1, redis_down)
             state.last_seq = max(seq, state.last_seq)
             state.decoded = state.earlier_sessions + state.last_seq + 1 + state.decode_errors
             state.received += 1
@@ -85,6 +101,7 @@ class Accounting:
         error: str,
         decode_errors: int,
         session: str = "",
+        redis_down: int = 0,
     ) -> None:
         """The end of a decoder session: ``frames`` decoded (-1: unknown, it died), and
         ``decode_errors`` more lost in decoding, which count as decoded and dropped."""
@@ -92,8 +109,8 @@ class Accounting:
             state = self._state(camera)
             if session and session != state.session:
                 self._enter_session(state, session)  # none of its frames were read
-            if frames > state.last_seq + 1:  # the newest frames were trimmed before we read them
-                state.dropped["overflow"] += frames - state.last_seq - 1
+            # the newest frames were trimmed (or shed, or lost) before the batcher read them
+            self._gap(state, frames - state.last_seq - 1, redis_down)
             state.earlier_sessions += max(frames, state.last_seq + 1)
             state.last_seq, state.session = -1, None
             if decode_errors:
@@ -101,6 +118,13 @@ class Accounting:
                 state.decode_errors += decode_errors
             state.decoded = state.earlier_sessions + state.decode_errors
             state.ended, state.end_reason, state.end_error = True, reason, error
+
+    def on_redis_lost(self, cameras: list[str]) -> None:
+        """Redis came back without its data: the frames it held unread show up as the next gap
+        of each camera, counted as ``redis_lost``."""
+        with self._lock:
+            for camera in cameras:
+                self._state(camera).redis_lost = True
 
     def on_previous_run(self, camera: str) -> None:
         """A frame an earlier run decoded and left unprocessed: acknowledged and counted apart,

@@ -41,6 +41,7 @@ from streams.messages import (
     Timestamps,
     message_kind,
 )
+from streams.redis_connect import is_nogroup
 from streams.transport import FrameDecoder, TransportLost
 
 log = logging.getLogger(__name__)
@@ -129,15 +130,24 @@ class BatchWorker:
         claimed = 0
         for key in self._read_ids:
             after = "-"
-            while pending := self._redis.xpending_range(
-                key, FRAMES_GROUP, min=after, max="+", count=CLAIM_PAGE
-            ):
+            while pending := self._pending_page(key, after):
                 ids = [p["message_id"] for p in pending if p["consumer"] != self._consumer_b]
                 if ids:  # XCLAIM JUSTID: ownership only, not 1 MB of pixels per entry
                     self._redis.xclaim(key, FRAMES_GROUP, self._consumer, 0, ids, justid=True)
                 claimed += len(ids)
                 after = b"(" + pending[-1]["message_id"]  # exclusive: the next page
         return claimed
+
+    def _pending_page(self, key: str, after: str | bytes) -> list[dict[str, Any]]:
+        try:
+            return self._redis.xpending_range(
+                key, FRAMES_GROUP, min=after, max="+", count=CLAIM_PAGE
+            )
+        except redis.ResponseError as exc:
+            if not is_nogroup(exc):
+                raise
+            self._recreate_groups()  # Redis restarted empty while the model loaded
+            return []
 
     def run(self, stop: threading.Event) -> None:
         """Serve until stopped or done; always finishes and publishes the batches in flight."""
@@ -202,9 +212,15 @@ class BatchWorker:
 
     def _read(self, *, count: int, block_ms: int | None) -> None:
         """XREADGROUP over every camera; ``block_ms=None`` returns at once."""
-        reply = self._redis.xreadgroup(
-            FRAMES_GROUP, self._consumer, self._read_ids, count=count, block=block_ms
-        )
+        try:
+            reply = self._redis.xreadgroup(
+                FRAMES_GROUP, self._consumer, self._read_ids, count=count, block=block_ms
+            )
+        except redis.ResponseError as exc:
+            if not is_nogroup(exc):
+                raise
+            self._recreate_groups()
+            return
         dropped: list[Dropped[PendingFrame]] = []
         for key, entries in reply or []:
             key = key.decode()
@@ -216,12 +232,29 @@ class BatchWorker:
                 dropped += self._receive(key, entry_id, fields)
         self._drop(dropped)
 
+    def _recreate_groups(self) -> None:
+        """Redis restarted without its data: the streams and the group are gone.  Make the
+        group again from the start of each stream (decoders may have re-created a stream
+        already) and count the frames Redis lost at each camera's next gap."""
+        log.warning(
+            "Redis lost its data (a restart without persistence?): consumer group re-created; "
+            "frames it held are counted as redis_lost"
+        )
+        for key in self._read_ids:
+            try:
+                self._redis.xgroup_create(key, FRAMES_GROUP, id="0", mkstream=True)
+            except redis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+            self._read_ids[key] = ">"  # our pending list went with it
+        self._accounting.on_redis_lost(self._cameras)
+
     def _receive(
         self, key: str, entry_id: bytes, fields: dict[bytes, bytes]
     ) -> list[Dropped[PendingFrame]]:
         """Hand one entry to the accounting and the policy; returns what the policy shed."""
         if not fields:  # a pending entry whose frame was trimmed: nothing left to process
-            self._redis.xack(key, FRAMES_GROUP, entry_id)
+            self._acknowledge(key, [entry_id])
             return []
         kind = message_kind(fields)
         if int(entry_id.split(b"-")[0]) < self._since_ms:
@@ -229,17 +262,23 @@ class BatchWorker:
             # sessions, not this run's, so acknowledged and its frames counted apart
             if kind == "frame":
                 self._accounting.on_previous_run(fields[b"camera"].decode())
-            self._ack_and_delete(self._redis, key, [entry_id])
+            self._acknowledge(key, [entry_id])
             return []
         if kind == "end":
             end = EndOfStream.from_fields(fields)
             self._accounting.on_end(
-                end.camera, end.frames, end.reason, end.error, end.decode_errors, end.session
+                end.camera,
+                end.frames,
+                end.reason,
+                end.error,
+                end.decode_errors,
+                end.session,
+                end.redis_down,
             )
-            self._ack_and_delete(self._redis, key, [entry_id])
+            self._acknowledge(key, [entry_id])
             return []
         frame = FrameMessage.from_fields(fields)
-        self._accounting.on_received(frame.camera, frame.seq, frame.session)
+        self._accounting.on_received(frame.camera, frame.seq, frame.session, frame.redis_down)
         pending = PendingFrame(entry_id, frame)
         return self._policy.add(frame.camera, frame.seq, frame.captured, pending, self._clock())
 
@@ -251,7 +290,7 @@ class BatchWorker:
         for d in dropped:
             self._accounting.on_shed(d.frame.camera, d.cause)
             self._ack_and_delete(pipe, self._keys.frames(d.frame.camera), [d.frame.item.entry_id])
-        pipe.execute()
+        self._execute(pipe)
 
     def _dispatch(self, frames: list[Queued[PendingFrame]]) -> None:
         batched = self._clock()
@@ -333,7 +372,7 @@ class BatchWorker:
                 by_stream.setdefault(self._keys.frames(q.camera), []).append(q.item.entry_id)
             for key, ids in by_stream.items():
                 self._ack_and_delete(pipe, key, ids)
-            pipe.execute()
+            self._execute(pipe)
             batched = item.prepared.batched
             self._accounting.on_published(
                 [(m.camera, published - m.captured, batched - m.enqueued) for m in messages],
@@ -366,6 +405,20 @@ class BatchWorker:
                 published=published,
             ),
         )
+
+    def _acknowledge(self, key: str, ids: list[bytes]) -> None:
+        pipe = self._redis.pipeline(transaction=False)
+        self._ack_and_delete(pipe, key, ids)
+        self._execute(pipe)
+
+    @staticmethod
+    def _execute(pipe: Any) -> None:
+        """Run a pipeline (retried through an outage by the client).  An acknowledgement
+        that finds no group is no error: Redis restarted without the frames, which are gone
+        either way (the reader re-creates the group)."""
+        for result in pipe.execute(raise_on_error=False):
+            if isinstance(result, Exception) and not is_nogroup(result):
+                raise result
 
     @staticmethod
     def _ack_and_delete(client: Any, key: str, ids: list[bytes]) -> None:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 EXIT_OK = 0
 EXIT_CAMERA_ERRORS = 1  # the run finished, but some camera failed (the others were processed)
-EXIT_BAD_INPUT = 2
+EXIT_BAD_INPUT = 2  # only at start: config, model file, Redis URL / password / ACL / TLS
+EXIT_RUN_FAILED = 3  # the run broke off: Redis away past redis.reconnect_timeout_s, a stage died
 
 log = logging.getLogger("framebatch")
 
@@ -47,10 +48,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     import redis
 
     from detectors.base import BackendUnavailable
+    from pipeline.batch_worker import StageFailed
     from pipeline.config import ConfigError, load_config
     from pipeline.daemon import Pipeline
     from streams.embedded_redis import RedisServerError
-    from streams.redis_access import RedisAccessError, describe_redis_error
+    from streams.redis_access import RedisAccessError
+    from streams.redis_connect import is_outage
+    from streams.urls import redact_url
 
     try:
         config = load_config(args.config)
@@ -69,9 +73,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     ) as exc:
         print(f"framebatch: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except redis.RedisError as exc:
-        print(f"framebatch: {describe_redis_error(exc, config.redis.url or '')}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    except (redis.RedisError, StageFailed) as exc:
+        cause = exc.__cause__ if isinstance(exc, StageFailed) and exc.__cause__ else exc
+        where = redact_url(config.redis.url or "the private redis-server")
+        timeout = config.redis.reconnect_timeout_s
+        if is_outage(cause):
+            message = f"Redis at {where} unreachable for more than {timeout:.0f} s: {cause}"
+        else:
+            message = f"the run failed: {redact_url(str(cause))}"
+        print(f"framebatch: {message} (redis.reconnect_timeout_s)", file=sys.stderr)
+        return EXIT_RUN_FAILED
     print(summary.format())
     if args.summary_json:
         Path(args.summary_json).write_text(json.dumps(summary.to_json(), indent=2))
@@ -107,10 +118,11 @@ def cmd_consume(args: argparse.Namespace) -> int:
     from streams.consumer import DetectionConsumer
     from streams.keys import StreamKeys
     from streams.redis_access import describe_redis_error
+    from streams.redis_connect import connect, is_outage
 
     try:
         url = consume_redis_url(args)
-        client = redis.Redis.from_url(url, socket_connect_timeout=5.0)
+        client = connect(url, reconnect_timeout_s=args.reconnect_timeout)
     except (OSError, ValueError) as exc:
         print(f"framebatch consume: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -129,7 +141,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
         pass
     except redis.RedisError as exc:
         print(f"framebatch consume: {describe_redis_error(exc, url)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return EXIT_RUN_FAILED if is_outage(exc) else EXIT_BAD_INPUT
     finally:
         client.close()
     return EXIT_OK
@@ -223,6 +235,13 @@ def build_parser() -> argparse.ArgumentParser:
         "here shows in ps, so prefer the variable or --redis-file",
     )
     consume.add_argument("--redis-file", metavar="PATH", help="read the Redis URL from a file")
+    consume.add_argument(
+        "--reconnect-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="ride out a Redis outage this long (default: %(default)s)",
+    )
     consume.add_argument("--prefix", default="fb", help="key prefix (default: %(default)s)")
     consume.add_argument("--camera", action="append", help="camera id (repeatable; default: all)")
     consume.add_argument(

@@ -78,6 +78,12 @@ class RedisConfig(BaseModel):
     prefix: str = Field("fb", description="Key prefix: <prefix>:frames:<camera>, ...")
     frames_maxlen: int = Field(64, ge=2, description="MAXLEN ~ of each frames stream")
     detections_maxlen: int = Field(100_000, ge=1, description="MAXLEN ~ of each detections stream")
+    reconnect_timeout_s: Finite = Field(
+        60.0,
+        ge=0,
+        le=86_400,
+        description="How long every process rides out a Redis outage (retrying with backoff)",
+    )
 
     @field_validator("prefix")
     @classmethod

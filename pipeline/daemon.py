@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,7 @@ from streams.events import EventLog
 from streams.keys import FRAMES_GROUP, StreamKeys
 from streams.messages import EndOfStream
 from streams.redis_access import check_access
+from streams.redis_connect import connect
 from streams.shm_ring import remove_segments
 from streams.transport import FrameDecoder, TransportSpec, host_id
 
@@ -213,16 +214,23 @@ class Pipeline:
     detector_factory: Callable[[Config, str], Detector] = load_detector
     redis_url: str = ""
 
+    @property
+    def _reconnect_timeout_s(self) -> float:
+        return self.config.redis.reconnect_timeout_s
+
     def run(self) -> RunSummary:
         check_run_mode(self.config, until_done=self.until_done)
         with ExitStack() as stack:
             self.redis_url = self.config.redis.url or stack.enter_context(EmbeddedRedis()).url
-            client = redis.Redis.from_url(
-                self.redis_url, socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S
-            )
-            stack.callback(client.close)
             keys = StreamKeys(self.config.redis.prefix)
-            check_access(client, keys, url=self.redis_url)  # ACL denials named, before starting
+            # bad input at start (URL, password, ACL, TLS) is one line and exit 2, at once...
+            with closing(
+                connect(self.redis_url, reconnect_timeout_s=0, socket_timeout_s=5)
+            ) as probe:
+                check_access(probe, keys, url=self.redis_url)
+            # ...while from here on every process rides out a Redis outage
+            client = connect(self.redis_url, reconnect_timeout_s=self._reconnect_timeout_s)
+            stack.callback(client.close)
             self._prepare_streams(client, keys)
             events_seen = EventLog(client, keys).last_id()  # report every event of this run
             seconds, micros = client.time()
@@ -344,6 +352,7 @@ class Pipeline:
                 self._transport,
                 self._released,
                 os.getpid(),  # the decoder dies with this process, however it ends
+                self._reconnect_timeout_s,
             ),
             name=f"fb-decoder-{spec.camera}",
             daemon=True,

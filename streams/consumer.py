@@ -16,6 +16,7 @@ import redis
 
 from streams.keys import StreamKeys
 from streams.messages import DetectionMessage
+from streams.redis_connect import is_nogroup
 
 DEFAULT_BLOCK_MS = 500
 TRACKED_SESSIONS = 10_000  # decoder sessions remembered for de-duplication
@@ -29,6 +30,9 @@ class DetectionConsumer:
     what the streams still hold).  With ``group`` it joins a durable consumer group and
     acknowledges each message once the caller has taken the next one, so a message being
     handled when the process dies is delivered again.
+
+    Give it a client from :func:`streams.redis_connect.connect` to ride out Redis outages;
+    after a restart that lost the group, it joins again.
 
     Delivery from the pipeline is at least once: a frame whose detections were published just
     before a crash is published again after it.  With ``dedupe`` (the default) such a repeat
@@ -153,4 +157,14 @@ class DetectionConsumer:
     def _read(self, block_ms: int) -> list:
         if self._group is None:
             return self._redis.xread(self._positions, block=block_ms)
-        return self._redis.xreadgroup(self._group, self._consumer, self._positions, block=block_ms)
+        try:
+            return self._redis.xreadgroup(
+                self._group, self._consumer, self._positions, block=block_ms
+            )
+        except redis.ResponseError as exc:
+            if not is_nogroup(exc):
+                raise
+            # Redis restarted without its data: join again from the start of what it has now
+            self._positions.clear()
+            self._discover(first=False)
+            return []

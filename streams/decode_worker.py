@@ -1,6 +1,6 @@
 """Decode worker: one per camera, in its own process; source → letterbox → ``XADD`` frames.
 
-Live cameras keep the freshest frames: the frames stream is capped with ``MAXLEN ~`` and the
+Live cameras keep the freshest frames: the frames stream is capped with an exact ``MAXLEN`` and the
 batcher counts what the cap trimmed as ``overflow`` drops (by gaps in ``seq``).  File jobs apply
 backpressure instead: the worker waits while the camera's backlog is full, so nothing drops.
 Every session ends with an :class:`EndOfStream` entry that says how many frames were decoded.
@@ -27,12 +27,14 @@ from streams.events import EventLog
 from streams.keys import StreamKeys
 from streams.lifeline import ParentGone, die_with_parent, raise_parent_gone_on
 from streams.messages import EndOfStream, FrameMessage, new_session_id
+from streams.redis_connect import OUTAGE_ERRORS, connect
 from streams.sources import SourceError, VideoSource
 from streams.transport import FrameEncoder, RawEncoder, TransportSpec, make_encoder
 from streams.urls import redact_url
 
 BACKPRESSURE_POLL_S = 0.02  # a full backlog lasts seconds; polling faster only burns CPU
 LINGER_POLL_S = 0.05
+REDIS_RETRY_MIN_S, REDIS_RETRY_MAX_S = 0.25, 2.0  # live frames shed untried between tries
 LINGER_IDLE_S = 10.0  # a ring outlives its decoder while its frames are read, but not forever
 
 
@@ -111,19 +113,29 @@ class DecodeWorker:
         prepare: FramePreparer,
         encoder: FrameEncoder | None = None,
         clock: Callable[[], float] = time.time,
+        fail_fast_client: redis.Redis | None = None,
     ):
-        """``encoder``: how pixels travel (default raw inline); the caller closes it."""
+        """``encoder``: how pixels travel (default raw inline); the caller closes it.
+
+        ``redis_client`` retries through Redis outages (a file job pauses); a camera that
+        keeps the freshest frames (no backpressure) sends them with ``fail_fast_client``
+        instead and sheds what Redis cannot take now, counted as ``redis_down``."""
         self.spec = spec
         self._redis = redis_client
+        self._sheds = not spec.backpressure
+        self._frames_redis = (fail_fast_client or redis_client) if self._sheds else redis_client
         self._keys = keys
         self._stream_key = keys.frames(spec.camera)
         self._prepare = prepare
         self._encoder = encoder or RawEncoder()
         self._clock = clock
-        self._events = EventLog(redis_client, keys)
+        self._events = EventLog(self._frames_redis, keys)  # best effort, never waits long
         self.session = new_session_id()  # with seq, names each frame uniquely across restarts
         self.seq = 0
         self.decode_errors = 0
+        self.redis_down = 0  # frames shed while Redis was unreachable (their seq is used up)
+        self._redis_retry_at = 0.0  # while Redis is away, frames before this shed untried
+        self._redis_backoff_s = REDIS_RETRY_MIN_S
         self._room = 0  # frames that may still be added before asking XLEN again
 
     def run(self, stop: StopSignal) -> EndOfStream:
@@ -161,7 +173,13 @@ class DecodeWorker:
                 reason, error = "eof", ""
                 break
         end = EndOfStream(
-            spec.camera, self.seq, reason, error, self.decode_errors, session=self.session
+            spec.camera,
+            self.seq,
+            reason,
+            error,
+            self.decode_errors,
+            session=self.session,
+            redis_down=self.redis_down,
         )
         self._redis.xadd(self._stream_key, end.to_fields())
         self._events.emit(spec.camera, "ended", f"{reason}: {self.seq} frames")
@@ -179,6 +197,9 @@ class DecodeWorker:
                 if delay > 0 and stop.wait(delay):
                     return
             captured = self._clock()
+            if self._sheds and captured < self._redis_retry_at:
+                self._shed_for_redis()  # Redis is away: the freshest frames matter, not these
+                continue
             prepared = self._prepare(decoded.image)
             if self.spec.backpressure and not self._wait_for_room(stop):
                 return
@@ -202,14 +223,33 @@ class DecodeWorker:
                 encoding=encoded.encoding,
                 shm=encoded.shm,
                 session=self.session,
+                redis_down=self.redis_down,
             )
-            self._redis.xadd(
-                self._stream_key,
-                message.to_fields(),
-                maxlen=self.spec.max_backlog,
-                approximate=True,
-            )
+            try:
+                self._frames_redis.xadd(
+                    self._stream_key,
+                    message.to_fields(),
+                    maxlen=self.spec.max_backlog,
+                    # exact, not "~": an approximate cap trims whole 100-entry nodes, so the
+                    # stream could hold ~100 frames more than the backlog bound (120 MB of raw
+                    # pixels, or shm references to slots already overwritten)
+                    approximate=False,
+                )
+            except OUTAGE_ERRORS:
+                if not self._sheds:
+                    raise  # a file job waited reconnect_timeout_s for Redis already
+                self._redis_retry_at = self._clock() + self._redis_backoff_s
+                self._redis_backoff_s = min(2 * self._redis_backoff_s, REDIS_RETRY_MAX_S)
+                self._shed_for_redis()
+                continue
+            self._redis_backoff_s = REDIS_RETRY_MIN_S
             self.seq += 1
+
+    def _shed_for_redis(self) -> None:
+        """A decoded frame Redis could not take: its seq is used up (a gap the batcher sees)
+        and it is counted, so the gap is told apart from overflow."""
+        self.seq += 1
+        self.redis_down += 1
 
     def _wait_for_room(self, stop: StopSignal) -> bool:
         """Block while the backlog is full (acknowledged frames are deleted, so XLEN = backlog).
@@ -254,6 +294,7 @@ def run_decoder_process(
     transport: TransportSpec | None = None,
     released: StopSignal | None = None,
     parent_pid: int | None = None,
+    reconnect_timeout_s: float = 60.0,
 ) -> None:
     """Process entry point: the parent coordinates shutdown, so SIGINT is ignored here.
 
@@ -265,7 +306,8 @@ def run_decoder_process(
     if parent_pid is not None:
         raise_parent_gone_on(signal.SIGTERM)
         die_with_parent(parent_pid, signal.SIGTERM)
-    client = redis.Redis.from_url(redis_url)
+    client = connect(redis_url, reconnect_timeout_s=reconnect_timeout_s)
+    fail_fast = connect(redis_url, fail_fast=True)
     keys = StreamKeys(prefix)
     encoder = make_encoder(
         transport or TransportSpec(),
@@ -278,7 +320,12 @@ def run_decoder_process(
     orphaned = False
     try:
         DecodeWorker(
-            spec=spec, redis_client=client, keys=keys, prepare=prepare, encoder=encoder
+            spec=spec,
+            redis_client=client,
+            keys=keys,
+            prepare=prepare,
+            encoder=encoder,
+            fail_fast_client=fail_fast,
         ).run(stop)
     except ParentGone:
         orphaned = True  # nobody will read the ring any more
@@ -290,3 +337,4 @@ def run_decoder_process(
         finally:
             encoder.close()
             client.close()
+            fail_fast.close()

@@ -78,8 +78,17 @@ class EmbeddedRedis:
     Use as a context manager; ``stop()`` is safe to call in any state.
     """
 
-    def __init__(self, *, port: int | None = None, executable: str = "redis-server"):
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        executable: str = "redis-server",
+        aof_dir: Path | None = None,
+    ):
+        """``aof_dir``: persist with an append-only file fsynced on every write, kept there
+        across restarts (tests of Redis restarts); default: no persistence."""
         self._port = port
+        self._aof_dir = aof_dir
         self._executable = executable
         self._process: subprocess.Popen[bytes] | None = None
         self._workdir: Path | None = None
@@ -95,7 +104,11 @@ class EmbeddedRedis:
         sweep_stale_workdirs()
         self._workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
         (self._workdir / OWNER_FILE).write_text(str(os.getpid()))
-        args = [binary, "--save", "", "--appendonly", "no", "--dir", str(self._workdir)]
+        if self._aof_dir is None:
+            args = [binary, "--save", "", "--appendonly", "no", "--dir", str(self._workdir)]
+        else:
+            args = [binary, "--save", "", "--appendonly", "yes", "--appendfsync", "always"]
+            args += ["--dir", str(self._aof_dir)]
         if self._port is None:
             sock = self._workdir / "redis.sock"
             args += ["--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700"]

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import redis
 
 from streams.keys import StreamKeys
+from streams.redis_connect import OUTAGE_ERRORS
+
+log = logging.getLogger(__name__)
 
 EVENTS_MAXLEN = 10_000
 
@@ -19,8 +23,13 @@ class EventLog:
         self._key = keys.events()
 
     def emit(self, camera: str, event: str, message: str = "") -> None:
+        """Best effort: an event that cannot reach Redis is logged here instead (a status
+        message must never stop a decoder while Redis is away)."""
         fields = {"camera": camera, "event": event, "message": message, "time": repr(time.time())}
-        self._redis.xadd(self._key, fields, maxlen=EVENTS_MAXLEN, approximate=True)
+        try:
+            self._redis.xadd(self._key, fields, maxlen=EVENTS_MAXLEN, approximate=True)
+        except OUTAGE_ERRORS as exc:
+            log.warning("camera %s: %s %s (event not in Redis: %s)", camera, event, message, exc)
 
     def last_id(self) -> str:
         """The newest event's id (``"0"`` when none): read after it to see only new events."""

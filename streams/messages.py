@@ -115,6 +115,7 @@ class FrameMessage:
     encoding: str = "raw"  # one of ENCODINGS
     shm: ShmRef | None = None  # set for the shm encoding only
     session: str = ""  # the decoder session that made it ("" in entries written before sessions)
+    redis_down: int = 0  # frames this session shed so far while Redis was unreachable
 
     @property
     def frame_id(self) -> str:
@@ -146,6 +147,7 @@ class FrameMessage:
             "camera": self.camera,
             "session": self.session,
             "seq": self.seq,
+            "redis_down": self.redis_down,
             "pts": "" if self.pts is None else repr(self.pts),
             "width": self.width,
             "height": self.height,
@@ -180,6 +182,7 @@ class FrameMessage:
             encoding=encoding,
             shm=ShmRef.from_fields(fields) if encoding == "shm" else None,
             session=_session(fields),
+            redis_down=int(fields.get(b"redis_down", b"0")),
         )
 
 
@@ -193,6 +196,7 @@ class EndOfStream:
     error: str = ""  # a one-line message naming the camera, passwords redacted
     decode_errors: int = 0  # frames lost in decoding (packets that gave no frame)
     session: str = ""
+    redis_down: int = 0  # of ``frames``: shed while Redis was unreachable
 
     def to_fields(self) -> dict[str, str | int]:
         return {
@@ -204,6 +208,7 @@ class EndOfStream:
             "reason": self.reason,
             "error": self.error,
             "decode_errors": self.decode_errors,
+            "redis_down": self.redis_down,
         }
 
     @classmethod
@@ -216,6 +221,7 @@ class EndOfStream:
             error=fields.get(b"error", b"").decode(),
             decode_errors=int(fields.get(b"decode_errors", b"0")),
             session=_session(fields),
+            redis_down=int(fields.get(b"redis_down", b"0")),
         )
 
 

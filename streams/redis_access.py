@@ -47,10 +47,12 @@ def _daemon_probes(client: redis.Redis, key: str) -> list[tuple[str, Callable[[]
 def check_access(client: redis.Redis, keys: StreamKeys, *, url: str) -> None:
     """Run each command the daemon needs on a probe key; RedisAccessError names what failed."""
     key = f"{keys.prefix}:probe:{uuid.uuid4().hex[:12]}"
+    reached = False  # Redis answered at least once: the probe key may need removing
     try:
         for command, call in _daemon_probes(client, key):
             try:
                 call()
+                reached = True
             except redis.exceptions.NoPermissionError as exc:
                 raise RedisAccessError(
                     f"the Redis user at {redact_url(url)} may not run {command} on {key!r} "
@@ -60,7 +62,8 @@ def check_access(client: redis.Redis, keys: StreamKeys, *, url: str) -> None:
                 raise RedisAccessError(describe_redis_error(exc, url)) from None
     finally:
         try:
-            client.delete(key)
+            if reached:
+                client.delete(key)
         except redis.RedisError:
             pass  # the probe key may not be ours to delete; the error above says why
 

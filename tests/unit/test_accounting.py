@@ -464,3 +464,42 @@ def test_a_camera_that_did_not_reach_its_end_failed(reason: str, error: str, fai
     accounting = Accounting(["a"], clock=FakeClock())
     accounting.on_end("a", 0, reason, error, 0)
     assert camera_summary(accounting, "a").failed is failed
+
+
+# --- Redis outages -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("frames", "end", "dropped"),
+    [
+        # seq 2-4 shed by the decoder while Redis was away (its count went 0 -> 3)
+        ([(0, 0), (1, 0), (5, 3), (6, 3)], None, {"redis_down": 3}),
+        # a gap of 4 of which 1 shed: the other 3 trimmed by the cap
+        ([(0, 0), (5, 1)], None, {"redis_down": 1, "overflow": 3}),
+        # shed at the very end: only the end entry says so
+        ([(0, 0), (1, 0)], (5, 3), {"redis_down": 3}),
+        # a count that grew without a gap (a frame was redelivered): nothing invented
+        ([(0, 0), (1, 2)], None, {}),
+    ],
+)
+def test_frames_shed_while_redis_was_away_are_told_from_overflow(frames, end, dropped):
+    accounting = Accounting(["a"], clock=FakeClock())
+    for seq, redis_down in frames:
+        accounting.on_received("a", seq, "A", redis_down)
+    if end is not None:
+        accounting.on_end("a", end[0], "stopped", "", 0, session="A", redis_down=end[1])
+    summary = camera_summary(accounting, "a")
+    assert summary.dropped == dropped
+    assert summary.decoded == summary.processed + sum(dropped.values()) + summary.in_flight
+
+
+def test_what_a_restarted_redis_lost_is_the_next_gap() -> None:
+    accounting = Accounting(["a", "b"], clock=FakeClock())
+    accounting.on_received("a", 0, "A")
+    accounting.on_received("b", 0, "B")
+    accounting.on_redis_lost(["a", "b"])
+    accounting.on_received("a", 4, "A")  # 1-3 were in the stream Redis lost
+    accounting.on_received("b", 1, "B")  # nothing of b was lost
+    accounting.on_received("b", 3, "B")  # a later gap is overflow again
+    assert camera_summary(accounting, "a").dropped == {"redis_lost": 3}
+    assert camera_summary(accounting, "b").dropped == {"overflow": 1}

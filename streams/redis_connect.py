@@ -1,0 +1,109 @@
+"""Redis clients that ride out an outage: every command is retried, with backoff, until Redis
+answers again or ``reconnect_timeout_s`` has passed since the first failure.
+
+A retried write may have reached Redis before the connection broke, so a retry can repeat it:
+delivery is at least once, and consumers de-duplicate by ``frame_id``.  Where waiting is wrong
+(a live camera's frames should be shed while Redis is away, not queued), ``fail_fast`` gives a
+client that does not retry: the caller counts what it sheds.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_RECONNECT_TIMEOUT_S = 60.0
+CONNECT_TIMEOUT_S = 5.0
+SOCKET_TIMEOUT_S = 30.0  # a silent peer (a partition) fails a read instead of hanging it
+FAIL_FAST_CONNECT_TIMEOUT_S = 0.5
+OUTAGE_ERRORS = (redis.ConnectionError, redis.TimeoutError, socket.timeout)
+# ConnectionError subclasses that no waiting mends: wrong credentials
+_REFUSALS = (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError)
+
+
+def is_outage(error: BaseException) -> bool:
+    """Redis is unreachable (down, restarting, loading), as opposed to refusing us."""
+    return isinstance(error, OUTAGE_ERRORS) and not isinstance(error, _REFUSALS)
+
+
+class OutageRetry(Retry):
+    """redis-py's retry loop bounded by time, not by a count: a refused connection fails in
+    microseconds and an unreachable host in ``CONNECT_TIMEOUT_S``, so counts mean nothing."""
+
+    def __init__(self, timeout_s: float, *, clock: Callable[[], float] = time.monotonic):
+        super().__init__(ExponentialBackoff(cap=1.0, base=0.05), retries=-1)
+        self.timeout_s = timeout_s
+        self._clock = clock
+
+    def call_with_retry(
+        self,
+        do: Callable[[], T],
+        fail: Callable[..., Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> T:
+        self._backoff.reset()
+        failures, deadline = 0, None
+        while True:
+            try:
+                result = do()
+            except self._supported_errors as error:
+                if not is_outage(error) or (is_retryable and not is_retryable(error)):
+                    raise
+                failures += 1
+                if with_failure_count:
+                    fail(error, failures)
+                else:
+                    fail(error)
+                now = self._clock()
+                if deadline is None:
+                    deadline = now + self.timeout_s
+                    if self.timeout_s > 0:
+                        log.warning(
+                            "Redis unreachable (%s): retrying for up to %.0f s",
+                            error,
+                            self.timeout_s,
+                        )
+                if now >= deadline:
+                    raise
+                time.sleep(min(self._backoff.compute(failures), max(0.0, deadline - now)))
+            else:
+                if failures and self.timeout_s > 0:
+                    log.warning("Redis answers again after %d failed attempts", failures)
+                return result
+
+
+def connect(
+    url: str,
+    *,
+    reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S,
+    fail_fast: bool = False,
+    socket_timeout_s: float = SOCKET_TIMEOUT_S,
+) -> redis.Redis:
+    """A client for ``url`` that retries through outages (or, ``fail_fast``, never retries).
+    ``socket_timeout_s`` also bounds a TLS handshake with a server that speaks no TLS."""
+    tcp = {} if url.startswith("unix:") else {"socket_keepalive": True}
+    return redis.Redis.from_url(
+        url,
+        retry=OutageRetry(0.0 if fail_fast else reconnect_timeout_s),
+        retry_on_error=list(OUTAGE_ERRORS),
+        socket_connect_timeout=FAIL_FAST_CONNECT_TIMEOUT_S if fail_fast else CONNECT_TIMEOUT_S,
+        socket_timeout=socket_timeout_s,
+        **tcp,
+    )
+
+
+def is_nogroup(error: BaseException) -> bool:
+    """Redis lost a consumer group: it restarted without persistence (or someone deleted it)."""
+    return isinstance(error, redis.ResponseError) and str(error).startswith("NOGROUP")

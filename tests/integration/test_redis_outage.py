@@ -1,0 +1,127 @@
+"""Redis killed and started again mid-run, with and without persistence: the daemon rides it
+out, a consumer reconnects, and every decoded frame has its detections or a counted drop."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+
+import pytest
+
+from streams.consumer import DetectionConsumer
+from streams.embedded_redis import EmbeddedRedis, free_tcp_port
+from streams.keys import StreamKeys
+from streams.redis_connect import connect
+from tests.conftest import MODEL, SAMPLE_CLIPS, VIDEOS
+from tests.integration.rtsp import rtsp_server_available, serve_rtsp
+from tests.integration.runner import framebatch, write_config
+from tests.integration.test_transports import wait_for
+
+pytestmark = pytest.mark.integration
+
+CLIP = SAMPLE_CLIPS / "testsrc_640x360_15fps.mp4"  # 60 frames, paced at 10 fps: 6 s
+
+
+class Collector:
+    """A consumer that reads every detection while the run goes on (Redis restarts too)."""
+
+    def __init__(self, url: str, prefix: str):
+        self._client = connect(url, reconnect_timeout_s=60)
+        self._consumer = DetectionConsumer(
+            self._client, StreamKeys(prefix), from_start=True, dedupe=False, block_ms=100
+        )
+        self.messages: list = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for message in self._consumer.messages(timeout_s=0.2):
+                self.messages.append(message)
+
+    def stop(self) -> list:
+        time.sleep(1.0)  # the last messages
+        self._stop.set()
+        self._thread.join(10)
+        self._client.close()
+        return self.messages
+
+
+@pytest.fixture(scope="module")
+def rtsp_camera(assets):
+    available, why = rtsp_server_available()
+    if not available:
+        pytest.skip(why)
+    with serve_rtsp(VIDEOS / "highway_traffic_960x540_30fps.mp4") as url:
+        yield url
+
+
+@pytest.mark.parametrize("persistent", [True, False], ids=["aof", "no-persistence"])
+def test_the_daemon_rides_out_a_redis_restart(assets, rtsp_camera, tmp_path, persistent):
+    port = free_tcp_port()
+    aof_dir = tmp_path / "aof" if persistent else None
+    if aof_dir is not None:
+        aof_dir.mkdir()
+    server = EmbeddedRedis(port=port, aof_dir=aof_dir).start()
+    url = server.url
+    config = write_config(
+        tmp_path / "outage.yaml",
+        model=MODEL,
+        cameras=[
+            {"id": "file", "url": str(CLIP), "realtime": True, "fps": 10},
+            {"id": "live", "url": rtsp_camera},
+        ],
+        redis_url=url,
+        prefix="outage",
+        redis={"url": url, "prefix": "outage", "reconnect_timeout_s": 30},
+    )
+    collector = Collector(url, "outage")
+    result: dict = {}
+    run = threading.Thread(
+        target=lambda: result.update(
+            proc=framebatch(
+                "run",
+                str(config),
+                "--until-done",
+                "--summary-json",
+                str(tmp_path / "s.json"),
+                timeout=240,
+            )
+        )
+    )
+    try:
+        run.start()
+        wait_for(lambda: len(collector.messages) >= 5, 120, "detections flowing")
+        server._process.send_signal(signal.SIGKILL)  # the guard: redis-server follows it
+        server._process.wait()
+        time.sleep(1.0)
+        server = EmbeddedRedis(port=port, aof_dir=aof_dir).start()
+        run.join(240)
+    finally:
+        messages = collector.stop()
+        server.stop()
+    proc = result["proc"]
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    summary = json.loads((tmp_path / "s.json").read_text())
+    cameras = {c["camera"]: c for c in summary["cameras"]}
+    for camera in cameras.values():  # the totals add up whatever happened
+        dropped = sum(camera["dropped"].values())
+        assert camera["decoded"] == camera["processed"] + dropped + camera["in_flight"], camera
+        assert camera["in_flight"] == 0
+    file = cameras["file"]
+    assert file["decoded"] == 60 and file["end_reason"] == "eof"
+    unique = {m.frame_id: m for m in messages if m.camera == "file"}
+    if persistent:
+        # nothing lost: each of the 60 frames has exactly one detection after de-duplication
+        assert file["dropped"] == {} and file["processed"] == 60
+        assert sorted(m.seq for m in unique.values()) == list(range(60))
+    else:
+        # Redis lost what it held: counted, never invented, and the run went on
+        assert set(file["dropped"]) <= {"redis_lost"}
+        assert file["processed"] + file["dropped"].get("redis_lost", 0) == 60
+        assert len(unique) <= file["processed"]
+    assert set(cameras["live"]["dropped"]) <= {"redis_down", "redis_lost", "overflow", "stale"}
