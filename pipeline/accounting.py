@@ -13,6 +13,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from pipeline.summary import CameraSummary, RunSummary, percentile
+from streams.messages import LedgerEntry
 
 LATENCY_SAMPLES = 200_000  # bounded memory in a long-running daemon
 
@@ -21,6 +22,7 @@ LATENCY_SAMPLES = 200_000  # bounded memory in a long-running daemon
 class _CameraState:
     session: str | None = None  # the decoder session now being received ("" before sessions)
     last_seq: int = -1  # in the current decoder session
+    next_seq: int = 0  # the seq that just arrived (or the session's frame count, at its end)
     earlier_sessions: int = 0  # frames decoded by sessions that ended or restarted
     decode_errors: int = 0  # frames lost in decoding: part of decoded, dropped as decode_error
     decoded: int = 0
@@ -62,23 +64,39 @@ class Accounting:
         state.session = session
         state.redis_down_seen = 0
 
-    @staticmethod
-    def _gap(state: _CameraState, missing: int, redis_down: int) -> None:
-        """``missing`` frames of this session never reached the batcher: those its decoder
-        shed while Redis was away (its running count went up), then, at the first frame
-        after Redis came back empty, those it lost, else those a capped stream trimmed."""
+    def _drop(
+        self, state: _CameraState, camera: str, cause: str, first_seq: int, count: int
+    ) -> LedgerEntry:
+        state.dropped[cause] += count
+        return LedgerEntry(
+            camera, state.session or "", "drop", first_seq, count, cause, self._clock()
+        )
+
+    def _gap(self, state: _CameraState, camera: str, redis_down: int) -> list[LedgerEntry]:
+        """The frames between the last seq seen and the next one never reached the batcher:
+        those its decoder shed while Redis was away (its running count went up), then, at the
+        first frame after Redis came back empty, those it lost, else those a capped stream
+        trimmed.  Which seqs of a gap had which cause is not known, only how many: the
+        ledger gives the first ones to redis_down."""
+        missing = state.next_seq - state.last_seq - 1
         shed = max(0, min(missing, redis_down - state.redis_down_seen))
         state.redis_down_seen = max(state.redis_down_seen, redis_down)
         lost, state.redis_lost = state.redis_lost, False
+        entries = []
+        first = state.last_seq + 1
         if shed > 0:
-            state.dropped["redis_down"] += shed
+            entries.append(self._drop(state, camera, "redis_down", first, shed))
         if missing > shed:
-            state.dropped["redis_lost" if lost else "overflow"] += missing - shed
+            cause = "redis_lost" if lost else "overflow"
+            entries.append(self._drop(state, camera, cause, first + shed, missing - shed))
+        return entries
 
-    def on_received(self, camera: str, seq: int, session: str = "", redis_down: int = 0) -> None:
+    def on_received(
+        self, camera: str, seq: int, session: str = "", redis_down: int = 0
+    ) -> list[LedgerEntry]:
         """A frame of ``session`` (its decoder's id; "" from decoders before sessions, whose
         restarts show only as ``seq`` going back); ``redis_down`` is the session's count of
-        frames shed while Redis was away."""
+        frames shed while Redis was away.  Returns the drops its arrival revealed."""
         with self._lock:
             state = self._state(camera)
             if session:
@@ -88,10 +106,12 @@ class Accounting:
             # the same non-zero seq again is a redelivery, neither a restart nor a drop
             elif seq < state.last_seq or (seq == 0 and state.last_seq >= 0):
                 self._enter_session(state, "")
-            self._gap(state, seq - state.last_seq - 1, redis_down)
+            state.next_seq = seq
+            entries = self._gap(state, camera, redis_down)
             state.last_seq = max(seq, state.last_seq)
             state.decoded = state.earlier_sessions + state.last_seq + 1 + state.decode_errors
             state.received += 1
+            return entries
 
     def on_end(
         self,
@@ -102,22 +122,28 @@ class Accounting:
         decode_errors: int,
         session: str = "",
         redis_down: int = 0,
-    ) -> None:
+    ) -> list[LedgerEntry]:
         """The end of a decoder session: ``frames`` decoded (-1: unknown, it died), and
-        ``decode_errors`` more lost in decoding, which count as decoded and dropped."""
+        ``decode_errors`` more lost in decoding, which count as decoded and dropped.  Returns
+        the ledger entries: drops it revealed, then the session's end."""
         with self._lock:
             state = self._state(camera)
             if session and session != state.session:
                 self._enter_session(state, session)  # none of its frames were read
             # the newest frames were trimmed (or shed, or lost) before the batcher read them
-            self._gap(state, frames - state.last_seq - 1, redis_down)
+            state.next_seq = frames
+            entries = self._gap(state, camera, redis_down)
+            if decode_errors:
+                entries.append(self._drop(state, camera, "decode_error", -1, decode_errors))
+                state.decode_errors += decode_errors
+            entries.append(
+                LedgerEntry(camera, state.session or "", "end", -1, frames, reason, self._clock())
+            )
             state.earlier_sessions += max(frames, state.last_seq + 1)
             state.last_seq, state.session = -1, None
-            if decode_errors:
-                state.dropped["decode_error"] += decode_errors
-                state.decode_errors += decode_errors
             state.decoded = state.earlier_sessions + state.decode_errors
             state.ended, state.end_reason, state.end_error = True, reason, error
+            return entries
 
     def on_redis_lost(self, cameras: list[str]) -> None:
         """Redis came back without its data: the frames it held unread show up as the next gap
@@ -126,18 +152,28 @@ class Accounting:
             for camera in cameras:
                 self._state(camera).redis_lost = True
 
-    def on_previous_run(self, camera: str) -> None:
-        """A frame an earlier run decoded and left unprocessed: acknowledged and counted apart,
-        in neither this run's decoded nor its dropped frames."""
+    def on_previous_run(
+        self,
+        camera: str,
+        session: str = "",
+        first_seq: int = -1,
+        count: int = 1,
+        cause: str = "previous_run",
+    ) -> LedgerEntry:
+        """Frames an earlier run decoded and this run does not process (left in a stream, or
+        found missing before those: ``cause`` says which): counted apart, in neither this
+        run's decoded nor its dropped frames."""
         with self._lock:
-            self._state(camera).previous_run += 1
+            self._state(camera).previous_run += count
+        return LedgerEntry(camera, session, "drop", first_seq, count, cause, self._clock())
 
-    def on_shed(self, camera: str, cause: str) -> None:
+    def on_shed(self, camera: str, cause: str, session: str = "", seq: int = -1) -> LedgerEntry:
         """A received frame dropped before inference (batching policy, transport)."""
         with self._lock:
             state = self._state(camera)
             state.dropped[cause] += 1
             state.shed += 1
+        return LedgerEntry(camera, session, "drop", seq, 1, cause, self._clock())
 
     def on_published(self, batch: list[tuple[str, float, float]], published: float) -> None:
         """A batch's frames are in Redis: ``(camera, latency_s, queue_delay_s)`` for each."""

@@ -32,6 +32,8 @@ from detectors.postprocess import ImageDetections
 from detectors.preprocess import LetterboxGeometry
 from pipeline.accounting import Accounting
 from pipeline.batching import BatchPolicy, Dropped, Queued
+from pipeline.earlier_runs import EarlierRuns, claim_pending
+from pipeline.frame_acks import FrameAcks
 from streams.keys import FRAMES_GROUP, StreamKeys
 from streams.messages import (
     Detection,
@@ -47,7 +49,6 @@ from streams.transport import FrameDecoder, TransportLost
 log = logging.getLogger(__name__)
 
 IDLE_BLOCK_MS = 100
-CLAIM_PAGE = 1000  # pending entries looked at per XPENDING when claiming at start
 _DONE = object()  # end-of-work marker passed down the stage queues
 
 
@@ -55,6 +56,7 @@ _DONE = object()  # end-of-work marker passed down the stage queues
 class PendingFrame:
     entry_id: bytes
     message: FrameMessage
+    image: np.ndarray | None = None  # pixels already out of their transport (shm), if any
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,12 @@ class BatchWorker:
         self._until_done = until_done
         self._frames = frame_decoder or FrameDecoder()
         self._consumer = consumer_name
-        self._consumer_b = consumer_name.encode()
+        self._earlier_runs = EarlierRuns(
+            redis_client=redis_client, keys=keys, accounting=accounting
+        )
+        self._acks = FrameAcks(
+            redis_client=redis_client, keys=keys, ledger_maxlen=detections_maxlen
+        )
         self._since_ms = since_ms
         self._clock = clock
         self._batch_ids = itertools.count()
@@ -121,6 +128,7 @@ class BatchWorker:
         self._running: tuple[float, int] | None = None  # (perf_counter at start, size) of inference
         # Start with this consumer's own pending entries (left by a crash), then new ones.
         self._read_ids = {keys.frames(camera): "0" for camera in cameras}
+        self._camera_of = {keys.frames(camera): camera for camera in cameras}
 
     # --- reader -----------------------------------------------------------------------------
     def claim_pending(self) -> int:
@@ -128,26 +136,18 @@ class BatchWorker:
         crashed, or had another name in an earlier run), so this worker's own pending read
         sees them; returns how many were claimed.  Each camera has one worker at a time."""
         claimed = 0
-        for key in self._read_ids:
-            after = "-"
-            while pending := self._pending_page(key, after):
-                ids = [p["message_id"] for p in pending if p["consumer"] != self._consumer_b]
-                if ids:  # XCLAIM JUSTID: ownership only, not 1 MB of pixels per entry
-                    self._redis.xclaim(key, FRAMES_GROUP, self._consumer, 0, ids, justid=True)
-                claimed += len(ids)
-                after = b"(" + pending[-1]["message_id"]  # exclusive: the next page
+        for key, camera in self._camera_of.items():
+            try:
+                taken, trimmed = claim_pending(self._redis, key, self._consumer)
+            except redis.ResponseError as exc:
+                if not is_nogroup(exc):
+                    raise
+                self._recreate_groups()  # Redis restarted empty while the model loaded
+                continue
+            claimed += taken
+            if trimmed:
+                self._earlier_runs.trimmed(camera)
         return claimed
-
-    def _pending_page(self, key: str, after: str | bytes) -> list[dict[str, Any]]:
-        try:
-            return self._redis.xpending_range(
-                key, FRAMES_GROUP, min=after, max="+", count=CLAIM_PAGE
-            )
-        except redis.ResponseError as exc:
-            if not is_nogroup(exc):
-                raise
-            self._recreate_groups()  # Redis restarted empty while the model loaded
-            return []
 
     def run(self, stop: threading.Event) -> None:
         """Serve until stopped or done; always finishes and publishes the batches in flight."""
@@ -160,6 +160,9 @@ class BatchWorker:
             thread.start()
         try:
             self._read_loop(stop)
+            for camera in self._earlier_runs.unsettled_cameras():  # no frame of this run came
+                holes = self._earlier_runs.settle(camera, set())
+                self._acks.acknowledge(self._keys.frames(camera), [], holes)
         finally:
             self._put(self._to_infer, _DONE)
             for thread in stages:
@@ -252,21 +255,28 @@ class BatchWorker:
     def _receive(
         self, key: str, entry_id: bytes, fields: dict[bytes, bytes]
     ) -> list[Dropped[PendingFrame]]:
-        """Hand one entry to the accounting and the policy; returns what the policy shed."""
-        if not fields:  # a pending entry whose frame was trimmed: nothing left to process
-            self._acknowledge(key, [entry_id])
+        """Hand one entry to the accounting and the policy; returns what the policy shed.
+        Whatever it reveals as dropped goes into the camera's ledger before the entry is
+        acknowledged."""
+        if not fields:  # a pending entry whose frame was trimmed: an earlier run's (ours
+            # are in memory), in flight when it died
+            self._earlier_runs.trimmed(self._camera_of[key])
+            self._acks.acknowledge(key, [entry_id])
             return []
         kind = message_kind(fields)
         if int(entry_id.split(b"-")[0]) < self._since_ms:
             # left by an earlier run (its last frames, its decoders' end entries): its own
             # sessions, not this run's, so acknowledged and its frames counted apart
-            if kind == "frame":
-                self._accounting.on_previous_run(fields[b"camera"].decode())
-            self._acknowledge(key, [entry_id])
+            if kind == "end":
+                entries = self._earlier_runs.end(EndOfStream.from_fields(fields))
+            else:
+                camera, session = fields[b"camera"].decode(), fields.get(b"session", b"").decode()
+                entries = self._earlier_runs.frame(camera, session, int(fields[b"seq"]))
+            self._acks.acknowledge(key, [entry_id], entries)
             return []
         if kind == "end":
             end = EndOfStream.from_fields(fields)
-            self._accounting.on_end(
+            entries = self._accounting.on_end(
                 end.camera,
                 end.frames,
                 end.reason,
@@ -275,29 +285,55 @@ class BatchWorker:
                 end.session,
                 end.redis_down,
             )
-            self._acknowledge(key, [entry_id])
+            self._acks.acknowledge(key, [entry_id], entries)
             return []
         frame = FrameMessage.from_fields(fields)
-        self._accounting.on_received(frame.camera, frame.seq, frame.session, frame.redis_down)
-        pending = PendingFrame(entry_id, frame)
+        if self._earlier_runs.unsettled(frame.camera):
+            # this run's first frame: the earlier run's entries (older) are all read
+            holes = self._earlier_runs.settle(self._camera_of[key], {frame.session})
+            self._acks.acknowledge(key, [], holes)
+        gaps = self._accounting.on_received(
+            frame.camera, frame.seq, frame.session, frame.redis_down
+        )
+        if gaps:
+            self._acks.acknowledge(key, [], gaps)
+        try:
+            # pixels kept outside Redis are copied out now: a frame may wait in the batching
+            # queue longer than its writer takes to come round its ring again
+            image = self._frames.detach(frame)
+        except TransportLost as exc:
+            entry = self._accounting.on_shed(frame.camera, exc.cause, frame.session, frame.seq)
+            self._acks.acknowledge(key, [entry_id], [entry])
+            return []
+        pending = PendingFrame(entry_id, frame, image)
         return self._policy.add(frame.camera, frame.seq, frame.captured, pending, self._clock())
 
     def _drop(self, dropped: list[Dropped[PendingFrame]]) -> None:
-        """Frames the policy shed (stale, superseded, overflow): counted, acknowledged, deleted."""
+        """Frames the policy shed (stale, superseded, overflow): counted, written to the ledger,
+        acknowledged and deleted."""
         if not dropped:
             return
-        pipe = self._redis.pipeline(transaction=False)
+        pipe = self._acks.pipeline()
+        entries = []
         for d in dropped:
-            self._accounting.on_shed(d.frame.camera, d.cause)
-            self._ack_and_delete(pipe, self._keys.frames(d.frame.camera), [d.frame.item.entry_id])
-        self._execute(pipe)
+            message = d.frame.item.message
+            entries.append(
+                self._accounting.on_shed(message.camera, d.cause, message.session, message.seq)
+            )
+        self._acks.write_ledger(pipe, entries)
+        for d in dropped:
+            self._acks.ack_and_delete(
+                pipe, self._keys.frames(d.frame.camera), [d.frame.item.entry_id]
+            )
+        self._acks.execute(pipe)
 
     def _dispatch(self, frames: list[Queued[PendingFrame]]) -> None:
         batched = self._clock()
         images, kept, lost = [], [], []
         for q in frames:
             try:
-                images.append(self._frames.image(q.item.message))
+                image = q.item.image
+                images.append(image if image is not None else self._frames.image(q.item.message))
                 kept.append(q)
             except TransportLost as exc:  # counted, acknowledged and deleted like any drop
                 lost.append(Dropped(q, exc.cause))
@@ -348,7 +384,6 @@ class BatchWorker:
             self._put(self._to_publish, _DONE)
 
     def _publish_loop(self) -> None:
-        client = self._redis
         while (item := self._get(self._to_publish)) is not _DONE:
             frames = item.prepared.frames
             messages = [q.item.message for q in frames]
@@ -357,7 +392,7 @@ class BatchWorker:
             ]
             results = self._detector.postprocess(item.raw, geometries)
             published = self._clock()
-            pipe = client.pipeline(transaction=False)
+            pipe = self._acks.pipeline()
             for message, result in zip(messages, results, strict=True):
                 detection = self._detection_message(item, message, result, published)
                 pipe.xadd(
@@ -371,8 +406,8 @@ class BatchWorker:
             for q in frames:
                 by_stream.setdefault(self._keys.frames(q.camera), []).append(q.item.entry_id)
             for key, ids in by_stream.items():
-                self._ack_and_delete(pipe, key, ids)
-            self._execute(pipe)
+                self._acks.ack_and_delete(pipe, key, ids)
+            self._acks.execute(pipe)
             batched = item.prepared.batched
             self._accounting.on_published(
                 [(m.camera, published - m.captured, batched - m.enqueued) for m in messages],
@@ -405,23 +440,3 @@ class BatchWorker:
                 published=published,
             ),
         )
-
-    def _acknowledge(self, key: str, ids: list[bytes]) -> None:
-        pipe = self._redis.pipeline(transaction=False)
-        self._ack_and_delete(pipe, key, ids)
-        self._execute(pipe)
-
-    @staticmethod
-    def _execute(pipe: Any) -> None:
-        """Run a pipeline (retried through an outage by the client).  An acknowledgement
-        that finds no group is no error: Redis restarted without the frames, which are gone
-        either way (the reader re-creates the group)."""
-        for result in pipe.execute(raise_on_error=False):
-            if isinstance(result, Exception) and not is_nogroup(result):
-                raise result
-
-    @staticmethod
-    def _ack_and_delete(client: Any, key: str, ids: list[bytes]) -> None:
-        # Frames are ~1 MB: delete them once acknowledged, which also keeps XLEN = backlog.
-        client.xack(key, FRAMES_GROUP, *ids)
-        client.xdel(key, *ids)

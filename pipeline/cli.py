@@ -213,6 +213,51 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return run_simulate(args)
 
 
+def cmd_drain(args: argparse.Namespace) -> int:
+    import redis
+
+    from pipeline.accounting import Accounting
+    from pipeline.config import ConfigError, load_config
+    from pipeline.earlier_runs import drain
+    from pipeline.frame_acks import FrameAcks
+    from streams.keys import StreamKeys
+    from streams.redis_access import describe_redis_error
+    from streams.redis_connect import connect
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if not config.redis.url:
+        print(
+            "framebatch drain: the config has no redis.url (a private Redis keeps nothing)",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
+    cameras = [camera.id for camera in config.cameras]
+    keys = StreamKeys(config.redis.prefix)
+    try:
+        with connect(config.redis.url, reconnect_timeout_s=0) as client:
+            accounting = Accounting(cameras)
+            acks = FrameAcks(
+                redis_client=client, keys=keys, ledger_maxlen=config.redis.detections_maxlen
+            )
+            drained = drain(client, keys, cameras, accounting=accounting, acks=acks)
+    except redis.RedisError as exc:
+        print(f"framebatch drain: {describe_redis_error(exc, config.redis.url)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    left = {c.camera: c.previous_run for c in accounting.summary().cameras if c.previous_run}
+    print(f"drained {drained} entries; frames of earlier runs written to the ledger: {left}")
+    return EXIT_OK
+
+
+def cmd_chaos(args: argparse.Namespace) -> int:
+    from pipeline.tools.chaos import main as chaos
+
+    return chaos(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="framebatch", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -350,6 +395,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="only time the policy's decisions for 100-1000 cameras at 30 fps",
     )
     simulate.set_defaults(handler=cmd_simulate)
+
+    drain = commands.add_parser(
+        "drain",
+        help="account for what stopped runs left in the frames streams (no daemon running)",
+    )
+    drain.add_argument("config")
+    drain.set_defaults(handler=cmd_drain)
+
+    chaos = commands.add_parser(
+        "chaos",
+        help="inject seeded faults (kills, Redis and RTSP restarts) and audit every frame",
+    )
+    from pipeline.tools.chaos import add_arguments as add_chaos_arguments
+
+    add_chaos_arguments(chaos)
+    chaos.set_defaults(handler=cmd_chaos)
     return parser
 
 

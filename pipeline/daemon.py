@@ -419,7 +419,9 @@ class Pipeline:
             camera, code = decoder.spec.camera, process.exitcode
             message = f"decoder process for camera {camera!r} died (exit code {code})"
             EventLog(client, keys).emit(decoder.spec.camera, "crashed", message)
-            if decoder.spec.live and not self.until_done:
+            # a camera, or a clip looped like one, comes back; a finite file job does not
+            # (its frames would be decoded again)
+            if (decoder.spec.live or decoder.spec.loop) and not self.until_done:
                 decoder.restarts += 1
                 delay = min(2.0**decoder.restarts, RESTART_BACKOFF_MAX_S)
                 decoder.restart_at = now + delay

@@ -31,6 +31,11 @@ class StreamKeys:
         text = key.decode() if isinstance(key, bytes) else key
         return text[len(self.detections("")) :]
 
+    def ledger(self, camera: str) -> str:
+        """Stream of what became of frames that have no detection message: drops by cause,
+        and each decoder session's end (``streams.messages.LedgerEntry``)."""
+        return f"{self.prefix}:ledger:{camera}"
+
     def events(self) -> str:
         """Stream of status events (camera opened, disconnected, failed, ended)."""
         return f"{self.prefix}:events"

@@ -225,6 +225,92 @@ class EndOfStream:
         )
 
 
+LEDGER_KINDS = ("drop", "end")
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """What became of frames that have no detection message, written before they are
+    acknowledged, so that every frame of every session is accounted for in Redis, across
+    crashes too: its detections, or a ``drop`` entry here.
+
+    ``drop``: frames ``first_seq`` .. ``first_seq + count - 1`` of ``session`` dropped with
+    ``cause`` (``first_seq`` -1: frames lost in decoding, which never got a seq).
+    ``end``: the session ended after ``count`` frames (seq 0 .. count - 1; -1 when its decoder
+    died without saying), ``cause`` the reason."""
+
+    camera: str
+    session: str
+    kind: str
+    first_seq: int
+    count: int
+    cause: str
+    at: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in LEDGER_KINDS:
+            raise ValueError(f"unknown ledger entry kind {self.kind!r} (known: {LEDGER_KINDS})")
+
+    @property
+    def seqs(self) -> range:
+        """The seqs a drop covers (empty for an end, or frames that never got a seq)."""
+        if self.kind != "drop" or self.first_seq < 0:
+            return range(0)
+        return range(self.first_seq, self.first_seq + self.count)
+
+    def to_fields(self) -> dict[str, str | int]:
+        return {
+            "v": SCHEMA_VERSION,
+            "camera": self.camera,
+            "session": self.session,
+            "kind": self.kind,
+            "first_seq": self.first_seq,
+            "count": self.count,
+            "cause": self.cause,
+            "at": repr(self.at),
+        }
+
+    @classmethod
+    def from_fields(cls, fields: Fields) -> LedgerEntry:
+        _check_version(fields)
+        return cls(
+            camera=_text(fields, "camera"),
+            session=_session(fields),
+            kind=_text(fields, "kind"),
+            first_seq=int(fields[b"first_seq"]),
+            count=int(fields[b"count"]),
+            cause=_text(fields, "cause"),
+            at=float(fields.get(b"at", b"0")),
+        )
+
+
+def merge_drops(entries: list[LedgerEntry]) -> list[LedgerEntry]:
+    """Consecutive drops of one session and cause, in seq order, as one entry."""
+    merged: list[LedgerEntry] = []
+    for entry in entries:
+        last = merged[-1] if merged else None
+        if (
+            last is not None
+            and entry.kind == last.kind == "drop"
+            and (entry.camera, entry.session, entry.cause)
+            == (last.camera, last.session, last.cause)
+            and last.first_seq >= 0
+            and entry.first_seq == last.first_seq + last.count
+        ):
+            merged[-1] = LedgerEntry(
+                last.camera,
+                last.session,
+                "drop",
+                last.first_seq,
+                last.count + entry.count,
+                last.cause,
+                last.at,
+            )
+        else:
+            merged.append(entry)
+    return merged
+
+
 @dataclass(frozen=True)
 class Detection:
     """One object: box in original-frame pixels (x1, y1, x2, y2)."""

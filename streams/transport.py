@@ -257,6 +257,14 @@ class FrameDecoder:
             return self._jpeg(message, shape)
         return self._from_ring(message, shape)
 
+    def detach(self, message: FrameMessage) -> np.ndarray | None:
+        """The pixels of a frame whose encoding keeps them outside the message (shm), copied
+        out now, while its slot surely holds them; None for inline encodings, which are
+        decoded when the batch is made (a frame shed before then costs nothing)."""
+        if message.encoding != "shm":
+            return None
+        return self.image(message)
+
     def _jpeg(self, message: FrameMessage, shape: tuple[int, int, int]) -> np.ndarray:
         try:
             image = cv2.imdecode(np.frombuffer(message.pixels, np.uint8), cv2.IMREAD_COLOR)

@@ -8,9 +8,10 @@ import time
 import numpy as np
 import pytest
 
+from pipeline.tools.audit import audit
 from streams.consumer import DetectionConsumer
 from streams.keys import FRAMES_GROUP, StreamKeys
-from streams.messages import DetectionMessage, FrameMessage, Timestamps
+from streams.messages import DetectionMessage, EndOfStream, FrameMessage, LedgerEntry, Timestamps
 from tests.conftest import MODEL, VIDEOS
 from tests.integration.runner import published, run_until_done, write_config
 
@@ -79,3 +80,79 @@ def test_a_replay_claims_and_counts_what_an_earlier_run_left(
     messages = published(redis_client, prefix, "street")
     assert [m.seq for m in messages] == list(range(8))
     assert "earlier" not in {m.session for m in messages}  # never processed as this run's
+    # the ledger says so too: every frame of both sessions is detected or dropped
+    (report,) = audit(redis_client, keys, ["street"])
+    assert report.ok, report.line()
+    assert (report.sessions, report.frames, report.detected) == (2, 13, 8)
+    assert report.dropped == {"previous_run": 5}
+
+
+def test_the_ledger_of_a_session_cut_short_by_a_crash_is_completed(
+    assets, redis_client, redis_url, prefix, tmp_path
+):
+    """An earlier run published seq 0-2 of a session and died; its stream still holds 6-8
+    and the decoder's end entry (10 frames, one more lost in decoding): 3-5 and 9 were
+    trimmed meanwhile.  The next run writes all of that into the ledger."""
+    keys = StreamKeys(prefix)
+    stream = keys.frames("street")
+    redis_client.xgroup_create(stream, FRAMES_GROUP, id="0", mkstream=True)
+    for seq in range(3):
+        redis_client.xadd(
+            keys.detections("street"), detection("street", "earlier", seq).to_fields()
+        )
+    for seq in range(6, 9):
+        redis_client.xadd(stream, leftover_frame("street", seq))
+    end = EndOfStream("street", 10, "stopped", decode_errors=1, session="earlier")
+    redis_client.xadd(stream, end.to_fields())
+    config = write_config(
+        tmp_path / "c.yaml",
+        model=MODEL,
+        cameras=[{"id": "street", "url": str(STREET)}],
+        redis_url=redis_url,
+        prefix=prefix,
+    )
+    result = run_until_done(config, timeout=300)
+    assert result.returncode == 0, result.stderr
+    (camera,) = result.summary["cameras"]
+    assert camera["previous_run"] == 3 + 3 + 1 + 1  # left, trimmed before and after, decoding
+    assert (camera["decoded"], camera["processed"], camera["dropped"]) == (8, 8, {})
+    (report,) = audit(redis_client, keys, ["street"])
+    assert report.ok, report.line()
+    assert report.frames == 10 + 1 + 8 and report.detected == 3 + 8
+    assert report.dropped == {"overflow": 4, "previous_run": 3, "decode_error": 1}
+
+
+def test_frames_a_dead_run_held_whose_entries_were_trimmed_are_accounted(
+    assets, redis_client, redis_url, prefix, tmp_path
+):
+    """The earlier run had read seq 3 and 4 and held them when it died; the stream's cap
+    trimmed their entries meanwhile, so they come back empty (no session, no seq).  The next
+    run finds them as holes in that session's account and writes them as previous_run."""
+    keys = StreamKeys(prefix)
+    stream = keys.frames("street")
+    redis_client.xgroup_create(stream, FRAMES_GROUP, id="0", mkstream=True)
+    for seq in (0, 1, 2, 5):
+        redis_client.xadd(
+            keys.detections("street"), detection("street", "earlier", seq).to_fields()
+        )
+    dropped = LedgerEntry("street", "earlier", "drop", 6, 2, "overflow")
+    redis_client.xadd(keys.ledger("street"), dropped.to_fields())
+    for seq in (3, 4):
+        redis_client.xadd(stream, leftover_frame("street", seq))
+    redis_client.xreadgroup(FRAMES_GROUP, "batcher-9", {stream: ">"}, count=2)
+    redis_client.xtrim(stream, maxlen=0)  # trimmed while pending: the PEL keeps bare ids
+    assert redis_client.xpending(stream, FRAMES_GROUP)["pending"] == 2
+    config = write_config(
+        tmp_path / "c.yaml",
+        model=MODEL,
+        cameras=[{"id": "street", "url": str(STREET)}],
+        redis_url=redis_url,
+        prefix=prefix,
+    )
+    result = run_until_done(config, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.summary["cameras"][0]["previous_run"] == 2
+    (report,) = audit(redis_client, keys, ["street"])
+    assert report.ok, report.line()
+    assert (report.frames, report.detected) == (8 + 8, 4 + 8)
+    assert report.dropped == {"overflow": 2, "previous_run": 2}

@@ -10,11 +10,12 @@ import time
 
 import pytest
 
+from pipeline.tools.audit import audit
 from streams.consumer import DetectionConsumer
 from streams.embedded_redis import free_tcp_port
 from streams.keys import StreamKeys
+from streams.rtsp_replay import rtsp_server_available, serve_rtsp
 from tests.conftest import MODEL, SAMPLE_CLIPS, VIDEOS
-from tests.integration.rtsp import rtsp_server_available, serve_rtsp
 from tests.integration.runner import framebatch, published, run_until_done, write_config
 
 pytestmark = pytest.mark.integration
@@ -118,6 +119,12 @@ def test_bad_cameras_fail_alone_with_clear_messages(
     assert len(published(redis_client, prefix, "corrupt")) == corrupt["processed"] == 10
     # a live camera that never connected did not reach its end
     assert cameras["deadcam"]["error"] and cameras["deadcam"]["processed"] == 0
+    # and Redis holds the same account: detections or ledger entries for every frame
+    reports = {r.camera: r for r in audit(redis_client, StreamKeys(prefix), list(cameras))}
+    assert all(r.ok for r in reports.values()), [r.line() for r in reports.values()]
+    assert reports["corrupt"].frames == 15 and reports["corrupt"].detected == 10
+    assert reports["corrupt"].dropped == {"decode_error": 5}
+    assert reports["good"].frames == reports["good"].detected == 8
 
 
 @pytest.mark.parametrize(

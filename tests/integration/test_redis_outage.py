@@ -10,12 +10,13 @@ import time
 
 import pytest
 
+from pipeline.tools.audit import audit
 from streams.consumer import DetectionConsumer
 from streams.embedded_redis import EmbeddedRedis, free_tcp_port
 from streams.keys import StreamKeys
 from streams.redis_connect import connect
+from streams.rtsp_replay import rtsp_server_available, serve_rtsp
 from tests.conftest import MODEL, SAMPLE_CLIPS, VIDEOS
-from tests.integration.rtsp import rtsp_server_available, serve_rtsp
 from tests.integration.runner import framebatch, write_config
 from tests.integration.test_transports import wait_for
 
@@ -125,3 +126,12 @@ def test_the_daemon_rides_out_a_redis_restart(assets, rtsp_camera, tmp_path, per
         assert file["processed"] + file["dropped"].get("redis_lost", 0) == 60
         assert len(unique) <= file["processed"]
     assert set(cameras["live"]["dropped"]) <= {"redis_down", "redis_lost", "overflow", "stale"}
+    if persistent:  # Redis kept everything: its ledger and detections account for every frame
+        with connect(url) as client:
+            server = EmbeddedRedis(port=port, aof_dir=aof_dir).start()
+            try:
+                reports = audit(client, StreamKeys("outage"), ["file", "live"])
+            finally:
+                server.stop()
+        assert all(r.ok for r in reports), [r.line() for r in reports]
+        assert reports[0].frames == reports[0].detected == 60

@@ -7,10 +7,7 @@ from pathlib import Path
 
 import pytest
 
-try:
-    from tests.integration.rtsp import rtsp_server_available, serve_rtsp
-except ModuleNotFoundError:  # pytest put this folder, not the repo root, on sys.path
-    from rtsp import rtsp_server_available, serve_rtsp
+from streams.rtsp_replay import rtsp_server_available, serve_rtsp
 
 av = pytest.importorskip("av")
 

@@ -1,10 +1,10 @@
 #!/usr/bin/python3
-"""Loopback RTSP test server: serves a video clip as an endless live H.264 stream.
+"""Loopback RTSP replay server: serves a video clip as an endless live H.264 stream.
 
 Runs under the *system* interpreter (``/usr/bin/python3``), which has PyGObject and
 GStreamer's ``gst-rtsp-server``; the project venv has neither.
 
-    /usr/bin/python3 tests/integration/rtsp_server.py --port 8554 --mount /cam1 \
+    /usr/bin/python3 streams/rtsp_replay_server.py --port 8554 --mount /cam1 \
         --file clip.mp4 [--fps 30] [--max-frames 300]
 
 The clip is decoded once into memory (at most ``--max-frames`` raw I420 frames) and

@@ -1,0 +1,212 @@
+"""What an earlier run left in the frames streams, accounted for by the run after it.
+
+A daemon killed mid-run leaves frames in its streams (unread, or read and never acknowledged)
+and perhaps its decoders' end entries.  They are not this run's frames: each is acknowledged
+and written to the camera's ledger as ``previous_run``.  The earlier run's account of a session
+stops where it died, so the frames between the last one it accounted for (its last detection
+or ledger entry of that session, found in Redis) and the first one left in the stream were
+trimmed by the stream's cap meanwhile: they are written as ``overflow`` so that the session's
+ledger stays whole.
+
+Frames the earlier run had read and still held (in its batching queue, or in a batch) when it
+died are pending in the group, but a live stream's cap may have trimmed their entries while
+they waited: such an entry comes back empty, without its session or seq.  Once every entry the
+earlier run left for a camera has been read (``settle``), the holes in the earlier sessions'
+account (seqs between ones it accounted for, with neither a detection nor a ledger entry) are
+exactly those frames, and are written as ``previous_run``.
+"""
+
+from __future__ import annotations
+
+import redis
+
+from pipeline.accounting import Accounting
+from pipeline.frame_acks import FrameAcks
+from streams.keys import FRAMES_GROUP, StreamKeys
+from streams.messages import DetectionMessage, EndOfStream, LedgerEntry, message_kind
+
+CLAIM_PAGE = 1000  # pending entries looked at per XPENDING
+LOOK_BACK = 500  # newest detection and ledger entries searched for a session's last account
+
+
+class EarlierRuns:
+    """Owned by one batch worker's reader thread."""
+
+    def __init__(self, *, redis_client: redis.Redis, keys: StreamKeys, accounting: Accounting):
+        self._redis = redis_client
+        self._keys = keys
+        self._accounting = accounting
+        self._last: dict[tuple[str, str], int] = {}  # (camera, session) -> last seq accounted
+        self._unsettled: set[str] = set()  # cameras with leftovers whose holes are not filled
+
+    def trimmed(self, camera: str) -> None:
+        """An entry the earlier run had read came back empty: its frame is a hole to fill."""
+        self._unsettled.add(camera)
+
+    def frame(self, camera: str, session: str, seq: int) -> list[LedgerEntry]:
+        """A frame an earlier run left: the gap before it, then the frame itself."""
+        self._unsettled.add(camera)
+        entries = self._gap(camera, session, seq)
+        entries.append(self._accounting.on_previous_run(camera, session, seq))
+        return entries
+
+    def settle(self, camera: str, current: set[str]) -> list[LedgerEntry]:
+        """Every entry the earlier runs left for ``camera`` has been read: fill the holes in
+        the account of their sessions (not those in ``current``, this run's)."""
+        if camera not in self._unsettled:
+            return []
+        self._unsettled.discard(camera)
+        accounted, lows = _accounted_seqs(self._redis, self._keys, camera)
+        entries = []
+        for session, seqs in accounted.items():
+            if session in current or not session or session not in lows:
+                continue
+            holes = sorted(set(range(lows[session], max(seqs) + 1)) - seqs)
+            for seq in holes:  # merged into runs when written
+                entries.append(self._accounting.on_previous_run(camera, session, seq))
+        return entries
+
+    def unsettled(self, camera: str) -> bool:
+        return camera in self._unsettled
+
+    def unsettled_cameras(self) -> list[str]:
+        return sorted(self._unsettled)
+
+    def end(self, end: EndOfStream) -> list[LedgerEntry]:
+        """An earlier run's decoder ended and that run never read the end entry."""
+        entries = self._gap(end.camera, end.session, end.frames) if end.frames >= 0 else []
+        if end.decode_errors:
+            entries.append(
+                self._accounting.on_previous_run(
+                    end.camera, end.session, -1, end.decode_errors, "decode_error"
+                )
+            )
+        entries.append(LedgerEntry(end.camera, end.session, "end", -1, end.frames, end.reason))
+        return entries
+
+    def _gap(self, camera: str, session: str, seq: int) -> list[LedgerEntry]:
+        key = (camera, session)
+        last = self._last[key] if key in self._last else self._last_accounted(camera, session)
+        self._last[key] = max(last, seq)
+        if not session or seq <= last + 1:
+            return []
+        return [
+            self._accounting.on_previous_run(camera, session, last + 1, seq - last - 1, "overflow")
+        ]
+
+    def _last_accounted(self, camera: str, session: str) -> int:
+        """The highest seq of ``session`` that has a detection or a ledger drop (-1: none)."""
+        last = -1
+        for _id, fields in self._redis.xrevrange(self._keys.detections(camera), count=LOOK_BACK):
+            if fields.get(b"session", b"").decode() == session:
+                last = max(last, DetectionMessage.from_fields(fields).seq)
+                break  # detections come in seq order within a session
+        for _id, fields in self._redis.xrevrange(self._keys.ledger(camera), count=LOOK_BACK):
+            entry = LedgerEntry.from_fields(fields)
+            if entry.session == session and entry.kind == "drop" and entry.first_seq >= 0:
+                last = max(last, entry.first_seq + entry.count - 1)
+        return last
+
+
+def _accounted_seqs(
+    client: redis.Redis, keys: StreamKeys, camera: str
+) -> tuple[dict[str, set[int]], dict[str, int]]:
+    """Seqs of each session with a detection or a ledger drop among the newest ``LOOK_BACK``
+    entries of each stream, and for each session the lowest seq from which that view is whole
+    (a session cut by a full window is judged only above where the window reaches; one that a
+    full window does not reach at all is not judged)."""
+    accounted: dict[str, set[int]] = {}
+    floors: list[dict[str, int]] = []
+    windows = (
+        (keys.detections(camera), lambda f: (f.get(b"session", b"").decode(), [int(f[b"seq"])])),
+        (keys.ledger(camera), _ledger_seqs),
+    )
+    for key, seqs_of in windows:
+        window = client.xrevrange(key, count=LOOK_BACK)
+        lowest: dict[str, int] = {}
+        for _id, fields in window:
+            session, seqs = seqs_of(fields)
+            if seqs:
+                accounted.setdefault(session, set()).update(seqs)
+                lowest[session] = min(lowest.get(session, seqs[0]), *seqs)
+        if len(window) == LOOK_BACK:  # truncated: older entries may cover lower seqs
+            floors.append(lowest)
+    lows = {}
+    for session, seqs in accounted.items():
+        floor = min(seqs)
+        for lowest in floors:
+            if session not in lowest:
+                break
+            floor = max(floor, lowest[session])
+        else:
+            lows[session] = floor
+    return accounted, lows
+
+
+def _ledger_seqs(fields: dict[bytes, bytes]) -> tuple[str, list[int]]:
+    entry = LedgerEntry.from_fields(fields)
+    return entry.session, list(entry.seqs)
+
+
+def claim_pending(client: redis.Redis, key: str, consumer: str) -> tuple[int, int]:
+    """Take over the frames another consumer of the group read and never acknowledged (a
+    worker that crashed, or had another name).  XPENDING pages and XCLAIM JUSTID: ownership
+    only, not 1 MB of pixels per entry.  Returns (claimed, trimmed): XCLAIM drops from the
+    group the entries the stream no longer holds, and those are frames their reader held
+    when it stopped.  Raises ResponseError NOGROUP when the group is gone."""
+    claimed, trimmed, after, mine = 0, 0, "-", consumer.encode()
+    while pending := client.xpending_range(key, FRAMES_GROUP, min=after, max="+", count=CLAIM_PAGE):
+        ids = [p["message_id"] for p in pending if p["consumer"] != mine]
+        if ids:
+            taken = client.xclaim(key, FRAMES_GROUP, consumer, 0, ids, justid=True)
+            claimed += len(taken)
+            trimmed += len(ids) - len(taken)
+        after = b"(" + pending[-1]["message_id"]  # exclusive: the next page
+    return claimed, trimmed
+
+
+def drain(
+    client: redis.Redis,
+    keys: StreamKeys,
+    cameras: list[str],
+    *,
+    accounting: Accounting,
+    acks: FrameAcks,
+    consumer: str = "drain",
+) -> int:
+    """Account for everything runs that are over left in these cameras' frames streams: each
+    frame and end entry goes into the ledger (``previous_run``, and the gaps before them) and
+    is acknowledged.  Only for cameras no daemon serves now.  Returns the entries drained."""
+    earlier = EarlierRuns(redis_client=client, keys=keys, accounting=accounting)
+    drained = 0
+    for camera in cameras:
+        key = keys.frames(camera)
+        try:
+            client.xgroup_create(key, FRAMES_GROUP, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        if claim_pending(client, key, consumer)[1]:
+            earlier.trimmed(camera)
+        position = "0"  # our pending entries first, then the ones never read
+        while True:
+            reply = client.xreadgroup(FRAMES_GROUP, consumer, {key: position}, count=CLAIM_PAGE)
+            entries = reply[0][1] if reply else []
+            if not entries:
+                if position == ">":
+                    break
+                position = ">"
+                continue
+            for entry_id, fields in entries:
+                if not fields:  # pending, but trimmed while its run held the frame
+                    earlier.trimmed(camera)
+                    acks.acknowledge(key, [entry_id])
+                elif message_kind(fields) == "end":
+                    acks.acknowledge(key, [entry_id], earlier.end(EndOfStream.from_fields(fields)))
+                else:
+                    session = fields.get(b"session", b"").decode()
+                    ledger = earlier.frame(camera, session, int(fields[b"seq"]))
+                    acks.acknowledge(key, [entry_id], ledger)
+                drained += 1
+        acks.acknowledge(key, [], earlier.settle(camera, set()))
+    return drained

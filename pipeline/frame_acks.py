@@ -1,0 +1,62 @@
+"""Acknowledging frames, always after what became of them is in Redis.
+
+A frame entry is acknowledged (and deleted: frames are ~1 MB, and deleting keeps XLEN equal to
+the backlog) only in the same pipeline as, and after, its detection message or its ledger
+entry.  A crash between the two repeats a message (consumers de-duplicate by ``frame_id``),
+never loses one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from streams.keys import FRAMES_GROUP, StreamKeys
+from streams.messages import LedgerEntry, merge_drops
+from streams.redis_connect import is_nogroup
+
+
+class FrameAcks:
+    """Writes ledger entries and acknowledges frames for one batch worker (or a drain)."""
+
+    def __init__(self, *, redis_client: redis.Redis, keys: StreamKeys, ledger_maxlen: int):
+        self._redis = redis_client
+        self._keys = keys
+        self._ledger_maxlen = ledger_maxlen
+
+    def pipeline(self) -> Any:
+        return self._redis.pipeline(transaction=False)
+
+    def write_ledger(self, pipe: Any, entries: list[LedgerEntry]) -> None:
+        for entry in merge_drops(entries):
+            pipe.xadd(
+                self._keys.ledger(entry.camera),
+                entry.to_fields(),
+                maxlen=self._ledger_maxlen,
+                approximate=True,
+            )
+
+    @staticmethod
+    def ack_and_delete(pipe: Any, key: str, ids: list[bytes]) -> None:
+        pipe.xack(key, FRAMES_GROUP, *ids)
+        pipe.xdel(key, *ids)
+
+    def acknowledge(
+        self, key: str, ids: list[bytes], entries: list[LedgerEntry] | None = None
+    ) -> None:
+        """Ledger entries first, then the acknowledgement, in one round trip."""
+        pipe = self.pipeline()
+        self.write_ledger(pipe, entries or [])
+        if ids:
+            self.ack_and_delete(pipe, key, ids)
+        self.execute(pipe)
+
+    @staticmethod
+    def execute(pipe: Any) -> None:
+        """Run a pipeline (retried through an outage by the client).  An acknowledgement
+        that finds no group is no error: Redis restarted without the frames, which are gone
+        either way (the reader re-creates the group)."""
+        for result in pipe.execute(raise_on_error=False):
+            if isinstance(result, Exception) and not is_nogroup(result):
+                raise result

@@ -1,0 +1,497 @@
+"""Fault injection on real parts: a real redis-server, a real RTSP server and real clips.
+
+``framebatch chaos`` runs the daemon on looping clips, an RTSP camera and a corrupt file, and
+injects seeded faults one after another: a decoder or the daemon SIGKILLed (the daemon is then
+started again), a second SIGTERM, Redis killed and started again (with its append-only file, or
+empty), the RTSP server killed or stopped and started again.  After each fault it checks that
+nothing of a dead daemon is left (processes, shared-memory rings) and measures how long until
+every camera's frames flow again.  A consumer keeps every detection and ledger entry while the
+faults go on (Redis restarts included); at the end the audit checks the invariant: every frame
+of every decoder session has a detection (after de-duplication by ``frame_id``) or a ledger
+entry that says why not.  Every wait is bounded; traffic goes to loopback only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.accounting import Accounting
+from pipeline.earlier_runs import drain
+from pipeline.frame_acks import FrameAcks
+from pipeline.tools.audit import CameraAudit, audit_entries
+from streams.embedded_redis import EmbeddedRedis, free_tcp_port
+from streams.keys import StreamKeys
+from streams.redis_connect import connect
+from streams.rtsp_replay import RtspReplay, rtsp_server_available
+from streams.shm_ring import SHM_DIR
+
+log = logging.getLogger(__name__)
+
+PREFIX = "chaos"
+FAULTS = (
+    "decoder_kill",
+    "daemon_kill",
+    "double_sigterm",
+    "redis_restart_aof",
+    "redis_restart_empty",
+    "rtsp_kill",
+    "rtsp_stop",
+)
+RECOVERY_TIMEOUT_S = 90.0
+EXIT_TIMEOUT_S = 30.0
+READ_BLOCK_MS = 100
+LEDGER_MAXLEN = 100_000  # the daemon's default (redis.detections_maxlen)
+
+
+@dataclass
+class FaultResult:
+    index: int
+    kind: str
+    at_s: float  # since the harness started
+    recovered_s: float | None  # until every camera's frames flowed again (None: they did not)
+    leftovers: list[str] = field(default_factory=list)  # what a dead daemon left behind
+
+
+@dataclass
+class ChaosReport:
+    seed: int
+    faults: list[FaultResult]
+    cameras: list[dict[str, Any]]
+    daemon_exit_codes: list[int]
+    duration_s: float
+
+    @property
+    def unaccounted(self) -> int:
+        return sum(len(c["unaccounted"]) for c in self.cameras)
+
+    @property
+    def survived(self) -> int:
+        return sum(1 for f in self.faults if f.recovered_s is not None and not f.leftovers)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(unaccounted=self.unaccounted, survived=self.survived)
+        return data
+
+    def format(self) -> str:
+        recoveries = [f.recovered_s for f in self.faults if f.recovered_s is not None]
+        by_kind: dict[str, list[FaultResult]] = {}
+        for fault in self.faults:
+            by_kind.setdefault(fault.kind, []).append(fault)
+        lines = [
+            f"framebatch chaos: seed {self.seed}, {len(self.faults)} faults in "
+            f"{self.duration_s:.0f} s; survived {self.survived}; frames unaccounted "
+            f"{self.unaccounted}",
+        ]
+        if recoveries:
+            lines.append(
+                f"  recovery: median {statistics.median(recoveries):.1f} s, "
+                f"max {max(recoveries):.1f} s"
+            )
+        for kind, faults in sorted(by_kind.items()):
+            times = [f.recovered_s for f in faults if f.recovered_s is not None]
+            median = f"{statistics.median(times):.1f} s" if times else "-"
+            left = sum(len(f.leftovers) for f in faults)
+            lines.append(
+                f"  {kind}: {len(faults)}, recovered {len(times)} (median {median}), "
+                f"leftovers {left}"
+            )
+        for camera in self.cameras:
+            dropped = ", ".join(f"{c} {n}" for c, n in sorted(camera["dropped"].items()))
+            lines.append(
+                f"  camera {camera['camera']}: {camera['sessions']} sessions, "
+                f"{camera['frames']} frames = {camera['detected']} detected + dropped "
+                f"({dropped or 'none'}); unaccounted {len(camera['unaccounted'])}; "
+                f"detection messages {camera['detected'] + camera['duplicates']} "
+                f"({camera['duplicates']} duplicates removed by frame_id)"
+            )
+        lines.append(f"  daemon exit codes: {self.daemon_exit_codes}")
+        return "\n".join(lines)
+
+
+class Collector:
+    """Reads every detection and ledger entry as it is written, through Redis restarts (a
+    restart without persistence would otherwise lose what was already published)."""
+
+    def __init__(self, url: str, keys: StreamKeys, cameras: list[str]):
+        self._client = connect(url, reconnect_timeout_s=120)
+        self._positions = {}
+        for camera in cameras:
+            self._positions[keys.detections(camera)] = "0"
+            self._positions[keys.ledger(camera)] = "0"
+        self._keys = keys
+        self.entries: dict[str, dict[bytes, dict[bytes, bytes]]] = {k: {} for k in self._positions}
+        self.captured: dict[str, float] = {}  # camera -> capture time of its newest detection
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="chaos-collector", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            reply = self._client.xread(self._positions, block=READ_BLOCK_MS)
+            for key, entries in reply or []:
+                key = key.decode()
+                for entry_id, fields in entries:
+                    self._positions[key] = entry_id
+                    # the same id again after a restart that kept the data is the same entry
+                    self.entries[key][entry_id] = fields
+                    if b"captured" in fields:
+                        camera = fields[b"camera"].decode()
+                        captured = float(fields[b"captured"])
+                        self.captured[camera] = max(self.captured.get(camera, 0.0), captured)
+
+    def stop(self) -> None:
+        time.sleep(1.0)  # what the daemon wrote last
+        self._stop.set()
+        self._thread.join(10)
+        self._client.close()
+
+    def audit(self, camera: str) -> CameraAudit:
+        return audit_entries(
+            camera,
+            self.entries[self._keys.detections(camera)].values(),
+            self.entries[self._keys.ledger(camera)].values(),
+        )
+
+
+def _children(pid: int) -> set[int]:
+    """Every live process below ``pid``."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _running(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            alive.add(pid)
+    return alive
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _wait(condition: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+class Chaos:
+    """One seeded run: ``run()`` returns the report; every process it starts, it stops."""
+
+    def __init__(
+        self,
+        *,
+        model: Path,
+        cameras: dict[str, dict[str, Any]],
+        rtsp_clip: Path | None,
+        faults: int,
+        seed: int,
+        interval_s: tuple[float, float],
+        kinds: tuple[str, ...],
+        workdir: Path,
+        transport: str = "raw",
+    ):
+        self._model = model
+        self._cameras = dict(cameras)
+        self._rtsp_clip = rtsp_clip
+        self._faults = faults
+        self._rng = random.Random(seed)
+        self._seed = seed
+        self._interval_s = interval_s
+        self._kinds = kinds
+        self._workdir = workdir
+        self._transport = transport
+        self._aof = workdir / "aof"
+        self._port = free_tcp_port()
+        self._redis: EmbeddedRedis | None = None
+        self._rtsp: RtspReplay | None = None
+        self._daemon: subprocess.Popen[bytes] | None = None
+        self._exit_codes: list[int] = []
+        self._started = time.monotonic()
+
+    # --- the parts --------------------------------------------------------------------------
+    def _start_redis(self, *, empty: bool = False) -> None:
+        if empty:
+            shutil.rmtree(self._aof, ignore_errors=True)
+        self._aof.mkdir(parents=True, exist_ok=True)
+        self._redis = EmbeddedRedis(port=self._port, aof_dir=self._aof).start()
+
+    def _kill_redis(self) -> None:
+        assert self._redis is not None and self._redis._process is not None
+        self._redis._process.send_signal(signal.SIGKILL)  # its guard: redis-server follows
+        self._redis._process.wait()
+        self._redis.stop()
+
+    def _config(self) -> Path:
+        cameras = [{"id": camera, **spec} for camera, spec in self._cameras.items()]
+        config = {
+            # a short backlog and a freshness deadline, as an operator of live cameras would
+            # set them: latency stays bounded under overload, and the stale path is exercised
+            "redis": {
+                "url": self._redis_url,
+                "prefix": PREFIX,
+                "reconnect_timeout_s": 60,
+                "frames_maxlen": 16,
+            },
+            "model": {"path": str(self._model), "threads": 2},
+            "batching": {"max_batch_size": 8, "max_frame_age_ms": 2000},
+            "transport": {"kind": self._transport},
+            "cameras": cameras,
+        }
+        path = self._workdir / "chaos.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return path
+
+    @property
+    def _redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self._port}/0"
+
+    def _start_daemon(self) -> None:
+        log_file = (self._workdir / f"daemon-{len(self._exit_codes)}.log").open("wb")
+        self._daemon = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", "run", str(self._config_path)],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        log_file.close()
+
+    def _reap_daemon(self) -> None:
+        assert self._daemon is not None
+        try:
+            self._exit_codes.append(self._daemon.wait(EXIT_TIMEOUT_S))
+        except subprocess.TimeoutExpired:
+            self._daemon.kill()
+            self._exit_codes.append(self._daemon.wait())
+
+    def _decoders(self) -> list[int]:
+        assert self._daemon is not None
+        return sorted(pid for pid in _children(self._daemon.pid) if "spawn_main" in _cmdline(pid))
+
+    # --- faults -----------------------------------------------------------------------------
+    def _inject(self, kind: str) -> tuple[list[str], float | None]:
+        """Apply one fault; returns what was left behind and when the fault ended (the
+        moment from which recovery is timed, epoch seconds like capture times)."""
+        assert self._daemon is not None
+        leftovers: list[str] = []
+        if kind == "decoder_kill":
+            decoders = self._decoders()
+            if decoders:
+                os.kill(self._rng.choice(decoders), signal.SIGKILL)
+        elif kind in ("daemon_kill", "double_sigterm"):
+            tree = _children(self._daemon.pid)
+            rings = self._rings()
+            if kind == "daemon_kill":
+                self._daemon.kill()
+            else:
+                self._daemon.send_signal(signal.SIGTERM)
+                time.sleep(0.05)
+                self._daemon.send_signal(signal.SIGTERM)
+            self._reap_daemon()
+            if not _wait(lambda: not _running(tree), 15):
+                leftovers += [f"process {pid}: {_cmdline(pid)}" for pid in _running(tree)]
+            if not _wait(lambda: not (rings & self._rings()), 10):
+                leftovers += [f"shm ring {name}" for name in rings & self._rings()]
+            self._start_daemon()
+        elif kind in ("redis_restart_aof", "redis_restart_empty"):
+            self._kill_redis()
+            time.sleep(self._rng.uniform(0.1, 2.0))
+            self._start_redis(empty=kind == "redis_restart_empty")
+        elif kind in ("rtsp_kill", "rtsp_stop"):
+            if self._rtsp is None:
+                return leftovers, None
+            self._rtsp.kill(signal.SIGKILL if kind == "rtsp_kill" else signal.SIGTERM)
+            time.sleep(self._rng.uniform(0.5, 3.0))
+            self._rtsp.start()
+        else:
+            raise ValueError(f"unknown fault {kind!r} (known: {', '.join(FAULTS)})")
+        return leftovers, time.time()
+
+    def _rings(self) -> set[str]:
+        return {p.name for p in SHM_DIR.glob(f"framebatch-{PREFIX}-*")}
+
+    def _recovered(self, collector: Collector, since: float) -> float | None:
+        """Seconds until every camera has detections of a frame captured after ``since``
+        (epoch seconds): frames queued before the fault do not count."""
+        cameras = list(self._cameras)
+        flowing = _wait(
+            lambda: all(collector.captured.get(c, 0.0) > since for c in cameras),
+            RECOVERY_TIMEOUT_S,
+        )
+        return time.time() - since if flowing else None
+
+    # --- the run ----------------------------------------------------------------------------
+    def run(self) -> ChaosReport:
+        self._workdir.mkdir(parents=True, exist_ok=True)
+        results: list[FaultResult] = []
+        collector: Collector | None = None
+        try:
+            self._start_redis(empty=True)
+            if self._rtsp_clip is not None:
+                self._rtsp = RtspReplay(self._rtsp_clip)
+                self._cameras["rtsp"] = {"url": self._rtsp.start()}
+            self._config_path = self._config()
+            keys = StreamKeys(PREFIX)
+            collector = Collector(self._redis_url, keys, list(self._cameras))
+            self._start_daemon()
+            first = self._recovered(collector, time.time())
+            log.info("chaos: frames flowing after %s s", first)
+            for index in range(self._faults):
+                time.sleep(self._rng.uniform(*self._interval_s))
+                kind = self._rng.choice(self._kinds)
+                at = time.monotonic() - self._started
+                leftovers, ended = self._inject(kind)
+                recovered = self._recovered(collector, ended) if ended is not None else None
+                results.append(FaultResult(index, kind, round(at, 1), recovered, leftovers))
+                log.info(
+                    "chaos: fault %d %s, recovered in %s s%s",
+                    index,
+                    kind,
+                    None if recovered is None else round(recovered, 1),
+                    f", LEFT {leftovers}" if leftovers else "",
+                )
+            assert self._daemon is not None
+            self._daemon.send_signal(signal.SIGTERM)  # finish what was read, then audit
+            self._reap_daemon()
+            # what the last run left in its streams, accounted as the next run would
+            with connect(self._redis_url) as client:
+                keys = StreamKeys(PREFIX)
+                acks = FrameAcks(redis_client=client, keys=keys, ledger_maxlen=LEDGER_MAXLEN)
+                accounting = Accounting(list(self._cameras))
+                drain(client, keys, list(self._cameras), accounting=accounting, acks=acks)
+        finally:
+            if self._daemon is not None and self._daemon.poll() is None:
+                self._daemon.kill()
+                self._daemon.wait()
+            if collector is not None:
+                collector.stop()
+            if self._rtsp is not None:
+                self._rtsp.stop()
+            if self._redis is not None:
+                self._redis.stop()
+        cameras = [
+            {**asdict(a), "dropped": dict(a.dropped)}
+            for a in (collector.audit(camera) for camera in self._cameras)
+        ]
+        return ChaosReport(
+            self._seed, results, cameras, self._exit_codes, time.monotonic() - self._started
+        )
+
+
+def default_cameras(assets: Path, samples: Path) -> dict[str, dict[str, Any]]:
+    """Looping clips paced like cameras (they shed when the detector falls behind) and a
+    corrupt file that loses frames in decoding on every loop."""
+    looping = {"realtime": True, "loop": True}
+    return {
+        "highway": {
+            "url": str(assets / "videos" / "highway_traffic_960x540_30fps.mp4"),
+            "fps": 6,
+            **looping,
+        },
+        "street": {
+            "url": str(assets / "videos" / "street_night_1920x1080_3fps.mp4"),
+            "fps": 2,
+            **looping,
+        },
+        "corrupt": {"url": str(samples / "corrupt_truncated.mp4"), "fps": 3, **looping},
+    }
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    repo = Path(__file__).resolve().parents[2]
+    parser.add_argument("--faults", type=int, default=10, help="faults to inject (default 10)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument(
+        "--interval",
+        type=float,
+        nargs=2,
+        default=(3.0, 6.0),
+        metavar=("MIN", "MAX"),
+        help="seconds between faults (default 3 6)",
+    )
+    parser.add_argument(
+        "--kinds", default=",".join(FAULTS), help=f"comma-separated (default: {','.join(FAULTS)})"
+    )
+    parser.add_argument("--assets", default=str(repo.parent / "shared" / "assets"))
+    parser.add_argument("--transport", choices=["raw", "jpeg", "shm"], default="raw")
+    parser.add_argument("--no-rtsp", action="store_true", help="no RTSP camera")
+    parser.add_argument("--workdir", help="folder for logs and Redis files (default: a temp one)")
+    parser.add_argument("--output", metavar="PATH", help="write the report as JSON")
+
+
+def main(args: argparse.Namespace) -> int:
+    assets = Path(args.assets)
+    model = assets / "models" / "yolov8n_fp32_dynbatch.onnx"
+    samples = Path(__file__).resolve().parents[2] / "samples" / "clips"
+    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    unknown = sorted(set(kinds) - set(FAULTS))
+    if unknown or not model.is_file():
+        why = f"unknown faults {unknown}" if unknown else f"model not found: {model}"
+        print(f"framebatch chaos: {why}", file=sys.stderr)
+        return 2
+    rtsp_clip = None
+    if not args.no_rtsp:
+        available, why = rtsp_server_available()
+        if available:
+            rtsp_clip = samples / "testsrc_640x360_15fps.mp4"
+        else:
+            log.warning("chaos: no RTSP camera: %s", why)
+    if rtsp_clip is None:
+        kinds = tuple(k for k in kinds if not k.startswith("rtsp")) or ("decoder_kill",)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="framebatch-chaos-"))
+    report = Chaos(
+        model=model,
+        cameras=default_cameras(assets, samples),
+        rtsp_clip=rtsp_clip,
+        faults=args.faults,
+        seed=args.seed,
+        interval_s=tuple(args.interval),
+        kinds=kinds,
+        workdir=workdir,
+        transport=args.transport,
+    ).run()
+    print(report.format())
+    if args.output:
+        Path(args.output).write_text(json.dumps(report.to_json(), indent=2))
+    failed = report.unaccounted or report.survived < len(report.faults)
+    return 1 if failed else 0
