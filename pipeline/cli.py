@@ -162,13 +162,13 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from pipeline.bench import run_bench
+    from pipeline.tools.bench import run_bench
 
     return run_bench(args)
 
 
 def cmd_bench_transport(args: argparse.Namespace) -> int:
-    from pipeline.bench_transport import run_bench_transport
+    from pipeline.tools.bench_transport import run_bench_transport
 
     return run_bench_transport(args)
 
@@ -202,13 +202,13 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_gpu(args: argparse.Namespace) -> int:
-    from pipeline.bench_gpu import main as bench_gpu
+    from pipeline.tools.bench_gpu import main as bench_gpu
 
     return bench_gpu(args)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from pipeline.simulate_sweep import run_simulate
+    from pipeline.tools.simulate_sweep import run_simulate
 
     return run_simulate(args)
 
@@ -338,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_gpu = commands.add_parser(
         "bench-gpu", help="the device path piece by piece (batch sizes, FP16, buffering, graphs)"
     )
-    from pipeline.bench_gpu import add_arguments as add_bench_gpu_arguments
+    from pipeline.tools.bench_gpu import add_arguments as add_bench_gpu_arguments
 
     add_bench_gpu_arguments(bench_gpu)
     bench_gpu.set_defaults(handler=cmd_bench_gpu)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import redis
 
-from streams.lifeline import lifeline_preexec
+from streams.lifeline import lifeline_preexec, pid_alive
 
 START_TIMEOUT_S = 10.0
 WORKDIR_PREFIX = "framebatch-redis-"
@@ -48,16 +48,6 @@ def free_tcp_port() -> int:
         return sock.getsockname()[1]
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    return True
-
-
 def sweep_stale_workdirs(directory: Path | None = None) -> list[Path]:
     """Remove private-server folders whose owner process is gone (a crash before cleanup)."""
     removed = []
@@ -66,7 +56,7 @@ def sweep_stale_workdirs(directory: Path | None = None) -> list[Path]:
             owner = int((workdir / OWNER_FILE).read_text())
         except (OSError, ValueError):
             continue  # not ours to judge, or being created right now
-        if not _pid_alive(owner):
+        if not pid_alive(owner):
             shutil.rmtree(workdir, ignore_errors=True)
             removed.append(workdir)
     return removed

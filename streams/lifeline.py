@@ -36,6 +36,17 @@ def die_with_parent(parent_pid: int, signum: int = signal.SIGTERM) -> bool:
     return True
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (signal 0 checks without sending anything)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
+
+
 def lifeline_preexec(parent_pid: int, signum: int = signal.SIGTERM) -> Callable[[], None]:
     """A ``subprocess.Popen(preexec_fn=...)`` that ties the child to ``parent_pid``."""
 

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from streams.lifeline import pid_alive
+
 log = logging.getLogger(__name__)
 
 SHM_DIR = Path("/dev/shm")
@@ -231,17 +233,6 @@ class ShmReader:
         """Unmap every segment; legal in every state."""
         for segment in list(self._segments):
             self.release(segment)
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists (signal 0 checks without sending anything)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    return True
 
 
 def segment_host(path: Path) -> str | None:

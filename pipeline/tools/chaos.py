@@ -39,6 +39,7 @@ from pipeline.frame_acks import FrameAcks
 from pipeline.tools.audit import CameraAudit, audit_entries
 from streams.embedded_redis import EmbeddedRedis, free_tcp_port
 from streams.keys import StreamKeys
+from streams.lifeline import lifeline_preexec
 from streams.redis_connect import connect
 from streams.rtsp_replay import RtspReplay, rtsp_server_available
 from streams.shm_ring import SHM_DIR
@@ -293,6 +294,7 @@ class Chaos:
             stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            preexec_fn=lifeline_preexec(os.getpid(), signal.SIGKILL),  # dies with the harness
         )
         log_file.close()
 
@@ -347,6 +349,15 @@ class Chaos:
             raise ValueError(f"unknown fault {kind!r} (known: {', '.join(FAULTS)})")
         return leftovers, time.time()
 
+    def _schedule(self) -> list[str]:
+        """Rounds of every kind in a seeded order, so that each kind comes up early."""
+        kinds: list[str] = []
+        while len(kinds) < self._faults:
+            round_ = list(self._kinds)
+            self._rng.shuffle(round_)
+            kinds += round_
+        return kinds[: self._faults]
+
     def _rings(self) -> set[str]:
         return {p.name for p in SHM_DIR.glob(f"framebatch-{PREFIX}-*")}
 
@@ -376,9 +387,8 @@ class Chaos:
             self._start_daemon()
             first = self._recovered(collector, time.time())
             log.info("chaos: frames flowing after %s s", first)
-            for index in range(self._faults):
+            for index, kind in enumerate(self._schedule()):
                 time.sleep(self._rng.uniform(*self._interval_s))
-                kind = self._rng.choice(self._kinds)
                 at = time.monotonic() - self._started
                 leftovers, ended = self._inject(kind)
                 recovered = self._recovered(collector, ended) if ended is not None else None

@@ -13,7 +13,7 @@ from streams.consumer import DetectionConsumer
 from streams.keys import FRAMES_GROUP, StreamKeys
 from streams.messages import DetectionMessage, EndOfStream, FrameMessage, LedgerEntry, Timestamps
 from tests.conftest import MODEL, VIDEOS
-from tests.integration.runner import published, run_until_done, write_config
+from tests.integration.runner import CliResult, published, run_until_done, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -42,6 +42,20 @@ def test_the_consumer_skips_a_republished_frame(redis_client, prefix, group):
     assert len(list(keep.messages(timeout_s=1.0))) == len(sent)
 
 
+def replay_street(redis_url: str, prefix: str, tmp_path) -> CliResult:
+    """``framebatch run --until-done`` on the 8-frame street clip; it must exit 0."""
+    config = write_config(
+        tmp_path / "c.yaml",
+        model=MODEL,
+        cameras=[{"id": "street", "url": str(STREET)}],
+        redis_url=redis_url,
+        prefix=prefix,
+    )
+    result = run_until_done(config, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
 def leftover_frame(camera: str, seq: int) -> dict:
     pixels = np.zeros((32, 32, 3), np.uint8).tobytes()
     now = time.time()
@@ -62,15 +76,7 @@ def test_a_replay_claims_and_counts_what_an_earlier_run_left(
     # three read by a worker of the earlier run (another name) and never acknowledged
     redis_client.xreadgroup(FRAMES_GROUP, "batcher-7", {stream: ">"}, count=3)
     assert redis_client.xpending(stream, FRAMES_GROUP)["pending"] == 3
-    config = write_config(
-        tmp_path / "c.yaml",
-        model=MODEL,
-        cameras=[{"id": "street", "url": str(STREET)}],
-        redis_url=redis_url,
-        prefix=prefix,
-    )
-    result = run_until_done(config, timeout=300)
-    assert result.returncode == 0, result.stderr
+    result = replay_street(redis_url, prefix, tmp_path)
     (camera,) = result.summary["cameras"]
     assert camera["previous_run"] == 5  # pending on another consumer, and unread: all counted
     assert (camera["decoded"], camera["processed"], camera["dropped"]) == (8, 8, {})
@@ -104,15 +110,7 @@ def test_the_ledger_of_a_session_cut_short_by_a_crash_is_completed(
         redis_client.xadd(stream, leftover_frame("street", seq))
     end = EndOfStream("street", 10, "stopped", decode_errors=1, session="earlier")
     redis_client.xadd(stream, end.to_fields())
-    config = write_config(
-        tmp_path / "c.yaml",
-        model=MODEL,
-        cameras=[{"id": "street", "url": str(STREET)}],
-        redis_url=redis_url,
-        prefix=prefix,
-    )
-    result = run_until_done(config, timeout=300)
-    assert result.returncode == 0, result.stderr
+    result = replay_street(redis_url, prefix, tmp_path)
     (camera,) = result.summary["cameras"]
     assert camera["previous_run"] == 3 + 3 + 1 + 1  # left, trimmed before and after, decoding
     assert (camera["decoded"], camera["processed"], camera["dropped"]) == (8, 8, {})
@@ -142,15 +140,7 @@ def test_frames_a_dead_run_held_whose_entries_were_trimmed_are_accounted(
     redis_client.xreadgroup(FRAMES_GROUP, "batcher-9", {stream: ">"}, count=2)
     redis_client.xtrim(stream, maxlen=0)  # trimmed while pending: the PEL keeps bare ids
     assert redis_client.xpending(stream, FRAMES_GROUP)["pending"] == 2
-    config = write_config(
-        tmp_path / "c.yaml",
-        model=MODEL,
-        cameras=[{"id": "street", "url": str(STREET)}],
-        redis_url=redis_url,
-        prefix=prefix,
-    )
-    result = run_until_done(config, timeout=300)
-    assert result.returncode == 0, result.stderr
+    result = replay_street(redis_url, prefix, tmp_path)
     assert result.summary["cameras"][0]["previous_run"] == 2
     (report,) = audit(redis_client, keys, ["street"])
     assert report.ok, report.line()

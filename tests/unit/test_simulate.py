@@ -12,9 +12,9 @@ import pytest
 
 from pipeline.batching import POLICIES
 from pipeline.cli import build_parser
-from pipeline.profiles import PROFILES, ServiceProfile, get_profile
-from pipeline.simulate import DROP_CAUSES, SimCamera, SimSettings, simulate
-from pipeline.simulate_sweep import (
+from pipeline.tools.profiles import PROFILES, ServiceProfile, get_profile
+from pipeline.tools.simulate import DROP_CAUSES, SimCamera, SimSettings, simulate
+from pipeline.tools.simulate_sweep import (
     Mix,
     check_targets,
     format_table,

@@ -50,7 +50,7 @@ BACKLOG = 64  # frames per stream, as redis.frames_maxlen's default
 READ_COUNT = 8  # entries per stream and XREADGROUP, like a batch of 8
 POOL_FRAMES = 16  # distinct frames each producer cycles through
 ROOM_POLL_S = 0.001
-_REPO = Path(__file__).resolve().parents[1]
+_REPO = Path(__file__).resolve().parents[2]
 DEFAULT_CLIP = _REPO.parent / "shared/assets/videos/highway_traffic_960x540_30fps.mp4"
 FALLBACK_CLIP = _REPO / "samples/clips/testsrc_640x360_15fps.mp4"  # when the assets are absent
 

@@ -1,4 +1,4 @@
-"""The markdown report of ``framebatch bench``, from the figures :mod:`pipeline.bench` measured.
+"""The markdown report of ``framebatch bench``, from what :mod:`pipeline.tools.bench` measured.
 
 Everything is in seconds in the figures and in milliseconds here; no measuring happens here.
 """
