@@ -148,8 +148,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
+    from pipeline.builders import check_run_mode
     from pipeline.config import ConfigError, load_config
-    from pipeline.daemon import check_run_mode
 
     try:
         config = load_config(args.config)

@@ -15,20 +15,23 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack, closing
 from dataclasses import dataclass, field
-from typing import Any
 
-import numpy as np
 import redis
 
-from detectors.base import BackendOptions
 from detectors.detector import Detector
-from detectors.postprocess import Thresholds
 from detectors.preprocess import Letterbox
-from detectors.registry import load_backend
 from pipeline.accounting import Accounting
 from pipeline.batch_worker import BatchWorker
-from pipeline.batching import BatchPolicy, CameraRules, make_policy
-from pipeline.config import CameraConfig, Config, ConfigError
+from pipeline.builders import (
+    batching_policy,
+    check_run_mode,
+    decoder_spec,
+    load_detector,
+    shard_cameras,
+    time_batches,
+    transport_spec,
+)
+from pipeline.config import Config
 from pipeline.summary import RunSummary
 from streams.decode_worker import DecoderSpec, ProcessFlag, run_decoder_process
 from streams.embedded_redis import EmbeddedRedis
@@ -36,9 +39,9 @@ from streams.events import EventLog
 from streams.keys import FRAMES_GROUP, StreamKeys
 from streams.messages import EndOfStream
 from streams.redis_access import check_access
-from streams.redis_connect import connect
+from streams.redis_connect import CONNECT_TIMEOUT_S, connect
 from streams.shm_ring import remove_segments
-from streams.transport import FrameDecoder, TransportSpec, host_id
+from streams.transport import FrameDecoder, host_id
 
 log = logging.getLogger(__name__)
 
@@ -46,150 +49,6 @@ SUPERVISE_TICK_S = 0.2
 DECODER_JOIN_S = 5.0
 RESTART_BACKOFF_MAX_S = 30.0
 HEALTHY_AFTER_S = 60.0  # a decoder up this long has recovered: its restart backoff resets
-REDIS_CONNECT_TIMEOUT_S = 5.0  # also bounds a TLS handshake with a server that speaks none
-
-
-def load_detector(config: Config, device: str | None = None) -> Detector:
-    """The detector one worker uses: the configured backend on ``device`` (default: the
-    configured one), thresholds, and warm-up of every size the policy may dispatch."""
-    model = config.model
-    batching = config.batching
-    classes = tuple(model.classes) if model.classes is not None else None
-    thresholds = Thresholds(conf=model.conf, iou=model.iou, max_det=model.max_det, classes=classes)
-    options = BackendOptions(
-        imgsz=model.imgsz,
-        device=device or model.worker_devices[0],
-        threads=model.threads,
-        half=model.half,
-        max_batch=batching.max_batch_size,
-        thresholds=thresholds,
-        nms=model.nms,
-        double_buffer=model.double_buffer,
-        cuda_graphs=model.cuda_graphs,
-    )
-    backend = load_backend(model.path, model.backend, options)
-    detector = Detector(backend, thresholds=thresholds)
-    info = detector.info
-    problem = None
-    if detector.letterbox() != Letterbox(model.imgsz, model.imgsz):
-        problem = (
-            f"model.imgsz is {model.imgsz} but {model.path.name} takes "
-            f"{info.input_width}x{info.input_height} images: set model.imgsz to match"
-        )
-    elif info.max_batch is not None and batching.max_batch_size > info.max_batch:
-        problem = (
-            f"batching.max_batch_size is {batching.max_batch_size} but {model.path.name} "
-            f"takes at most {info.max_batch} images: lower it or rebuild the model"
-        )
-    elif info.min_batch > 1:
-        problem = f"{model.path.name} takes batches of {info.min_batch} or more, not of 1"
-    if problem is not None:
-        detector.close()
-        raise ValueError(problem)
-    backend.warmup(sorted({1, *batching.preferred_batch_sizes, batching.max_batch_size}))
-    return detector
-
-
-def shard_cameras(cameras: list[str], workers: int) -> list[list[str]]:
-    """Cameras dealt round-robin to the detector workers: a camera stays on one worker, so its
-    results keep their order and its frames are counted in one place."""
-    return [cameras[index::workers] for index in range(workers)]
-
-
-def time_batches(detector: Detector, sizes: set[int]) -> list[tuple[int, float]]:
-    """One timed inference per batch size (after warm-up): seeds the policy's service model."""
-    info = detector.info
-    samples = []
-    for size in sorted(sizes):
-        blank = [np.full((info.input_height, info.input_width, 3), 114, np.uint8)] * size
-        prepared = detector.prepare(blank)
-        started = time.perf_counter()
-        detector.infer(prepared)
-        samples.append((size, time.perf_counter() - started))
-    return samples
-
-
-def batching_policy(config: Config, *, until_done: bool) -> BatchPolicy[Any]:
-    """The configured policy, with each camera's rules (camera settings override batching's)."""
-    batching = config.batching
-
-    def rules(camera: CameraConfig) -> CameraRules:
-        # freshness only where frames may drop (live cameras and files replayed like them),
-        # never for backpressured file jobs
-        droppable = (
-            decoder_spec(camera, default_backlog=1, until_done=until_done).backpressure is False
-        )
-        max_age = camera.max_frame_age_ms or batching.max_frame_age_ms
-        return CameraRules(
-            priority=camera.priority,
-            max_wait_frames=camera.max_wait_frames or batching.max_wait_frames,
-            max_wait_ms=batching.max_wait_ms if camera.max_wait_ms is None else camera.max_wait_ms,
-            max_frame_age_ms=max_age if droppable else None,
-            keep_latest=camera.keep_latest and droppable,
-            fps=camera.fps,
-        )
-
-    cameras = len(config.cameras)
-    return make_policy(
-        batching.policy,
-        max_batch_size=batching.max_batch_size,
-        max_wait_ms=batching.max_wait_ms,
-        preferred_batch_sizes=batching.preferred_batch_sizes,
-        # room for a read of one frame per camera on top of the batches being formed
-        max_queue_frames=max(batching.max_queue_frames or 4 * batching.max_batch_size, 2 * cameras),
-        camera_rules={camera.id: rules(camera) for camera in config.cameras},
-        target_utilisation=batching.target_utilisation,
-        latency_target_ms=batching.latency_target_ms,
-    )
-
-
-def decoder_spec(camera: CameraConfig, *, default_backlog: int, until_done: bool) -> DecoderSpec:
-    """How a camera's decode worker behaves in this run."""
-    live = camera.is_live
-    realtime = True if live else bool(camera.realtime)
-    return DecoderSpec(
-        camera=camera.id,
-        url=camera.url,
-        live=live,
-        realtime=realtime,
-        loop=camera.loop,
-        # Replays never drop; a file played "like a camera" in the daemon keeps the freshest frames.
-        backpressure=not live and (until_done or not realtime),
-        max_backlog=camera.max_backlog or default_backlog,
-        fps=camera.fps,
-    )
-
-
-def transport_spec(config: Config) -> TransportSpec:
-    """How the decoders send pixels. A shm ring also keeps room for the frames the batching
-    queue holds (a live stream may trim their entries while they wait), sized as below."""
-    transport, batching = config.transport, config.batching
-    queue_frames = max(
-        batching.max_queue_frames or 4 * batching.max_batch_size, 2 * len(config.cameras)
-    )
-    return TransportSpec(
-        kind=transport.kind,
-        jpeg_quality=transport.jpeg_quality,
-        shm_slots=transport.shm_slots,
-        shm_in_flight=queue_frames,
-    )
-
-
-def check_run_mode(config: Config, *, until_done: bool) -> None:
-    """Config combinations that are valid YAML but cannot work in this mode."""
-    if not until_done:
-        return
-    errors = [
-        f"cameras[{i}].loop: a looping file never ends; --until-done needs loop: false"
-        for i, camera in enumerate(config.cameras)
-        if camera.loop
-    ]
-    if all(camera.is_live for camera in config.cameras):
-        errors.append(
-            "cameras: --until-done needs at least one file source (live cameras never end)"
-        )
-    if errors:
-        raise ConfigError(errors, source="--until-done")
 
 
 @dataclass
@@ -225,7 +84,7 @@ class Pipeline:
             keys = StreamKeys(self.config.redis.prefix)
             # bad input at start (URL, password, ACL, TLS) is one line and exit 2, at once...
             with closing(
-                connect(self.redis_url, reconnect_timeout_s=0, socket_timeout_s=5)
+                connect(self.redis_url, reconnect_timeout_s=0, socket_timeout_s=CONNECT_TIMEOUT_S)
             ) as probe:
                 check_access(probe, keys, url=self.redis_url)
             # ...while from here on every process rides out a Redis outage

@@ -28,8 +28,9 @@ import redis
 
 from detectors.detector import Detector
 from detectors.preprocess import Letterbox, Letterboxed
+from pipeline.builders import check_run_mode, load_detector
 from pipeline.config import Config, ConfigError, load_config
-from pipeline.daemon import Pipeline, check_run_mode, load_detector
+from pipeline.daemon import Pipeline
 from pipeline.tools.bench_report import format_report
 from streams.embedded_redis import EmbeddedRedis, RedisServerError
 from streams.keys import FRAMES_GROUP, StreamKeys
