@@ -1,0 +1,147 @@
+"""The component tier: a real redis-server and the real batch worker, in process, with a
+``FakeBackend`` instead of a model, for the paths a model would make slow to reach: a stage
+that dies, frames another worker left pending, the run after a crash."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from detectors.base import ModelInfo
+from detectors.detector import Detector
+from detectors.postprocess import Thresholds
+from pipeline.accounting import Accounting
+from pipeline.batch_worker import BatchWorker, StageFailed
+from pipeline.batching import make_policy
+from pipeline.tools.audit import audit
+from streams.keys import FRAMES_GROUP, StreamKeys
+from streams.messages import EndOfStream, FrameMessage
+
+SIZE = 32
+
+
+class FakeBackend:
+    """Finds nothing, fast; fails at a chosen batch."""
+
+    name = "fake"
+
+    def __init__(self, fail_at_batch: int | None = None):
+        self.info = ModelInfo("fake", "fake", SIZE, SIZE, ("thing",))
+        self.batches = 0
+        self._fail_at = fail_at_batch
+
+    def prepare(self, images):
+        return np.stack(images)
+
+    def infer(self, batch):
+        self.batches += 1
+        if self._fail_at is not None and self.batches >= self._fail_at:
+            raise RuntimeError("injected inference failure")
+        return np.zeros((len(batch), 5, 1), np.float32)  # one anchor, score 0: no detection
+
+    def warmup(self, sizes):
+        pass
+
+    def close(self):
+        pass
+
+
+def write_frames(client, keys: StreamKeys, camera: str, session: str, seqs, *, end: int | None):
+    pixels = np.zeros((SIZE, SIZE, 3), np.uint8).tobytes()
+    for seq in seqs:
+        now = time.time()
+        message = FrameMessage(
+            camera, seq, None, SIZE, SIZE, 1.0, 0, 0, now, now, pixels, SIZE, SIZE, session=session
+        )
+        client.xadd(keys.frames(camera), message.to_fields())
+    if end is not None:
+        client.xadd(
+            keys.frames(camera), EndOfStream(camera, end, "eof", session=session).to_fields()
+        )
+
+
+def worker(client, keys, cameras, backend, *, since_ms=0, consumer="batcher-0") -> BatchWorker:
+    return BatchWorker(
+        redis_client=client,
+        keys=keys,
+        cameras=cameras,
+        detector=Detector(backend, thresholds=Thresholds()),
+        policy=make_policy("batch1", max_batch_size=1, max_wait_ms=5),
+        accounting=Accounting(cameras),
+        detections_maxlen=10_000,
+        until_done=True,
+        consumer_name=consumer,
+        since_ms=since_ms,
+    )
+
+
+def redis_now_ms(client) -> int:
+    seconds, micros = client.time()
+    return seconds * 1000 + micros // 1000
+
+
+@pytest.fixture
+def keys(redis_client, prefix) -> StreamKeys:
+    keys = StreamKeys(prefix)
+    for camera in ("a", "b"):
+        redis_client.xgroup_create(keys.frames(camera), FRAMES_GROUP, id="0", mkstream=True)
+    return keys
+
+
+def run_to_end(batch_worker: BatchWorker, timeout_s: float = 60) -> None:
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            batch_worker.run(threading.Event())
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            errors.append(exc)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(timeout_s)
+    assert not thread.is_alive(), "the worker did not finish"
+    if errors:
+        raise errors[0]
+
+
+def test_every_frame_is_published_once_and_the_ledger_has_each_end(redis_client, keys):
+    write_frames(redis_client, keys, "a", "A", range(10), end=10)
+    write_frames(redis_client, keys, "b", "B", [0, 1, 4], end=6)  # 2, 3 and 5 trimmed
+    run_to_end(worker(redis_client, keys, ["a", "b"], FakeBackend()))
+    reports = {r.camera: r for r in audit(redis_client, keys, ["a", "b"])}
+    assert reports["a"].ok and (reports["a"].frames, reports["a"].detected) == (10, 10)
+    assert reports["b"].ok and reports["b"].dropped == {"overflow": 3}
+    assert redis_client.xlen(keys.frames("a")) == 0  # acknowledged and deleted
+
+
+def test_a_dead_stage_stops_the_worker_and_acknowledges_nothing_unpublished(redis_client, keys):
+    write_frames(redis_client, keys, "a", "A", range(12), end=12)
+    backend = FakeBackend(fail_at_batch=4)
+    with pytest.raises(StageFailed, match="injected inference failure"):
+        run_to_end(worker(redis_client, keys, ["a"], backend))
+    published = redis_client.xlen(keys.detections("a"))
+    assert published == 3  # batches of one frame, the fourth failed
+    # whatever was not published is still in the stream, for the next run
+    left = redis_client.xrange(keys.frames("a"))
+    assert len([e for e in left if e[1][b"kind"] == b"frame"]) == 12 - published
+
+
+def test_the_run_after_a_crash_claims_and_accounts_for_everything(redis_client, keys):
+    write_frames(redis_client, keys, "a", "A", range(12), end=None)
+    with pytest.raises(StageFailed):
+        run_to_end(worker(redis_client, keys, ["a"], FakeBackend(fail_at_batch=5)))
+    assert redis_client.xpending(keys.frames("a"), FRAMES_GROUP)["pending"] > 0  # read, held
+    # the next run, with another consumer name, and a new session of the decoder
+    since = redis_now_ms(redis_client) + 1
+    time.sleep(0.01)
+    write_frames(redis_client, keys, "a", "A2", range(3), end=3)
+    run_to_end(worker(redis_client, keys, ["a"], FakeBackend(), since_ms=since, consumer="x"))
+    (report,) = audit(redis_client, keys, ["a"])
+    assert report.ok, report.line()
+    assert report.sessions == 2 and report.frames == 12 + 3
+    assert report.detected + report.dropped["previous_run"] == 15
+    assert redis_client.xpending(keys.frames("a"), FRAMES_GROUP)["pending"] == 0
