@@ -63,6 +63,8 @@ class Accounting:
         state.last_seq = -1
         state.session = session
         state.redis_down_seen = 0
+        if session and state.ended:  # a restarted decoder: the camera runs again
+            state.ended, state.end_reason, state.end_error = False, "", ""
 
     def _drop(
         self, state: _CameraState, camera: str, cause: str, first_seq: int, count: int
@@ -93,15 +95,19 @@ class Accounting:
 
     def on_received(
         self, camera: str, seq: int, session: str = "", redis_down: int = 0
-    ) -> list[LedgerEntry]:
+    ) -> list[LedgerEntry] | None:
         """A frame of ``session`` (its decoder's id; "" from decoders before sessions, whose
         restarts show only as ``seq`` going back); ``redis_down`` is the session's count of
-        frames shed while Redis was away.  Returns the drops its arrival revealed."""
+        frames shed while Redis was away.  Returns the drops its arrival revealed, or None
+        for a frame of this session seen already (an XADD retried after a lost reply):
+        not to be processed or counted again."""
         with self._lock:
             state = self._state(camera)
             if session:
                 if session != state.session:
                     self._enter_session(state, session)
+                elif seq <= state.last_seq:
+                    return None
             # seq went back (to 0, or below the last one): a restarted decoder's new session;
             # the same non-zero seq again is a redelivery, neither a restart nor a drop
             elif seq < state.last_seq or (seq == 0 and state.last_seq >= 0):

@@ -295,6 +295,9 @@ class BatchWorker:
         gaps = self._accounting.on_received(
             frame.camera, frame.seq, frame.session, frame.redis_down
         )
+        if gaps is None:  # the same frame again: a decoder's XADD retried after a lost reply
+            self._acks.acknowledge(key, [entry_id])
+            return []
         if gaps:
             self._acks.acknowledge(key, [], gaps)
         try:

@@ -32,12 +32,14 @@ from pipeline.builders import (
     transport_spec,
 )
 from pipeline.config import Config
+from pipeline.earlier_runs import drain
+from pipeline.frame_acks import FrameAcks
 from pipeline.summary import RunSummary
 from streams.decode_worker import DecoderSpec, ProcessFlag, run_decoder_process
 from streams.embedded_redis import EmbeddedRedis
 from streams.events import EventLog
 from streams.keys import FRAMES_GROUP, StreamKeys
-from streams.messages import EndOfStream
+from streams.messages import EndOfStream, session_progress
 from streams.redis_access import check_access
 from streams.redis_connect import CONNECT_TIMEOUT_S, connect
 from streams.shm_ring import remove_segments
@@ -49,6 +51,21 @@ SUPERVISE_TICK_S = 0.2
 DECODER_JOIN_S = 5.0
 RESTART_BACKOFF_MAX_S = 30.0
 HEALTHY_AFTER_S = 60.0  # a decoder up this long has recovered: its restart backoff resets
+
+
+def dead_session_end(
+    client: redis.Redis, keys: StreamKeys, camera: str, message: str
+) -> dict[str, str | int]:
+    """The end entry of a decoder that died without writing one, from the progress it kept
+    (its session and frame count: frames trimmed after the last one read are then counted);
+    frames -1 when it kept none."""
+    progress = session_progress(client.hgetall(keys.progress(camera)))
+    client.delete(keys.progress(camera))
+    if progress is None:
+        return EndOfStream(camera, -1, "crashed", message).to_fields()
+    session, frames, redis_down = progress
+    end = EndOfStream(camera, frames, "crashed", message, session=session, redis_down=redis_down)
+    return end.to_fields()
 
 
 @dataclass
@@ -91,6 +108,13 @@ class Pipeline:
             client = connect(self.redis_url, reconnect_timeout_s=self._reconnect_timeout_s)
             stack.callback(client.close)
             self._prepare_streams(client, keys)
+            camera_ids = [camera.id for camera in self.config.cameras]
+            accounting = Accounting(camera_ids, max_batch_size=self.config.batching.max_batch_size)
+            # What an earlier run left, before any decoder of this run can trim it away
+            acks = FrameAcks(
+                redis_client=client, keys=keys, ledger_maxlen=self.config.redis.detections_maxlen
+            )
+            drain(client, keys, camera_ids, accounting=accounting, acks=acks)
             events_seen = EventLog(client, keys).last_id()  # report every event of this run
             seconds, micros = client.time()
             since_ms = seconds * 1000 + micros // 1000  # stream entries older than this run
@@ -107,12 +131,8 @@ class Pipeline:
             stack.callback(self._remove_rings, keys, decoders)
             stack.callback(self._stop_decoders, decoders, decoders_stop)
             stack.callback(self._released.set)  # runs first, once the batchers have stopped
-            accounting = Accounting(
-                [camera.id for camera in self.config.cameras],
-                max_batch_size=self.config.batching.max_batch_size,
-            )
             devices = self.config.model.worker_devices
-            shards = shard_cameras([camera.id for camera in self.config.cameras], len(devices))
+            shards = shard_cameras(camera_ids, len(devices))
             batchers: list[threading.Thread] = []
             batcher_stop = threading.Event()
             batcher_error: list[BaseException] = []
@@ -280,16 +300,13 @@ class Pipeline:
             EventLog(client, keys).emit(decoder.spec.camera, "crashed", message)
             # a camera, or a clip looped like one, comes back; a finite file job does not
             # (its frames would be decoded again)
+            client.xadd(keys.frames(camera), dead_session_end(client, keys, camera, message))
             if (decoder.spec.live or decoder.spec.loop) and not self.until_done:
                 decoder.restarts += 1
                 delay = min(2.0**decoder.restarts, RESTART_BACKOFF_MAX_S)
                 decoder.restart_at = now + delay
             else:
                 decoder.finished = True
-                client.xadd(
-                    keys.frames(decoder.spec.camera),
-                    EndOfStream(decoder.spec.camera, -1, "crashed", message).to_fields(),
-                )
 
     def _remove_rings(self, keys: StreamKeys, decoders: list[_Decoder]) -> None:
         """After the decoders stopped: the rings of any that were killed on the way out."""

@@ -23,7 +23,13 @@ import redis
 from pipeline.accounting import Accounting
 from pipeline.frame_acks import FrameAcks
 from streams.keys import FRAMES_GROUP, StreamKeys
-from streams.messages import DetectionMessage, EndOfStream, LedgerEntry, message_kind
+from streams.messages import (
+    DetectionMessage,
+    EndOfStream,
+    LedgerEntry,
+    message_kind,
+    session_progress,
+)
 
 CLAIM_PAGE = 1000  # pending entries looked at per XPENDING
 LOOK_BACK = 500  # newest detection and ledger entries searched for a session's last account
@@ -38,6 +44,7 @@ class EarlierRuns:
         self._accounting = accounting
         self._last: dict[tuple[str, str], int] = {}  # (camera, session) -> last seq accounted
         self._unsettled: set[str] = set()  # cameras with leftovers whose holes are not filled
+        self._ended: set[str] = set()  # sessions whose end entry was read
 
     def trimmed(self, camera: str) -> None:
         """An entry the earlier run had read came back empty: its frame is a hole to fill."""
@@ -50,10 +57,12 @@ class EarlierRuns:
         entries.append(self._accounting.on_previous_run(camera, session, seq))
         return entries
 
-    def settle(self, camera: str, current: set[str]) -> list[LedgerEntry]:
+    def settle(self, camera: str, current: set[str], *, always: bool = False) -> list[LedgerEntry]:
         """Every entry the earlier runs left for ``camera`` has been read: fill the holes in
-        the account of their sessions (not those in ``current``, this run's)."""
-        if camera not in self._unsettled:
+        the account of their sessions (not those in ``current``, this run's), then end the
+        session whose decoder died without an end entry, with the frame count it kept in
+        its progress hash (the frames after its last one accounted were trimmed)."""
+        if camera not in self._unsettled and not always:
             return []
         self._unsettled.discard(camera)
         accounted, lows = _accounted_seqs(self._redis, self._keys, camera)
@@ -64,6 +73,13 @@ class EarlierRuns:
             holes = sorted(set(range(lows[session], max(seqs) + 1)) - seqs)
             for seq in holes:  # merged into runs when written
                 entries.append(self._accounting.on_previous_run(camera, session, seq))
+        progress = session_progress(self._redis.hgetall(self._keys.progress(camera)))
+        if progress is not None and progress[0] not in current | self._ended:
+            session, frames, _redis_down = progress
+            entries += self._gap(camera, session, frames)
+            entries.append(LedgerEntry(camera, session, "end", -1, frames, "crashed"))
+            self._ended.add(session)
+            self._redis.delete(self._keys.progress(camera))
         return entries
 
     def unsettled(self, camera: str) -> bool:
@@ -74,6 +90,7 @@ class EarlierRuns:
 
     def end(self, end: EndOfStream) -> list[LedgerEntry]:
         """An earlier run's decoder ended and that run never read the end entry."""
+        self._ended.add(end.session)
         entries = self._gap(end.camera, end.session, end.frames) if end.frames >= 0 else []
         if end.decode_errors:
             entries.append(
@@ -208,5 +225,5 @@ def drain(
                     ledger = earlier.frame(camera, session, int(fields[b"seq"]))
                     acks.acknowledge(key, [entry_id], ledger)
                 drained += 1
-        acks.acknowledge(key, [], earlier.settle(camera, set()))
+        acks.acknowledge(key, [], earlier.settle(camera, set(), always=True))
     return drained

@@ -26,7 +26,10 @@ class FrameAcks:
         self._ledger_maxlen = ledger_maxlen
 
     def pipeline(self) -> Any:
-        return self._redis.pipeline(transaction=False)
+        """A MULTI/EXEC pipeline: a write Redis refuses at queueing (out of memory, say)
+        aborts the whole of it, so an acknowledgement never goes through without what it
+        acknowledges."""
+        return self._redis.pipeline(transaction=True)
 
     def write_ledger(self, pipe: Any, entries: list[LedgerEntry]) -> None:
         for entry in merge_drops(entries):

@@ -181,7 +181,10 @@ class DecodeWorker:
             session=self.session,
             redis_down=self.redis_down,
         )
-        self._redis.xadd(self._stream_key, end.to_fields())
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.xadd(self._stream_key, end.to_fields())
+        pipe.delete(self._keys.progress(spec.camera))  # the end entry says it all now
+        pipe.execute()
         self._events.emit(spec.camera, "ended", f"{reason}: {self.seq} frames")
         return end
 
@@ -225,16 +228,19 @@ class DecodeWorker:
                 session=self.session,
                 redis_down=self.redis_down,
             )
+            pipe = self._frames_redis.pipeline(transaction=False)
+            pipe.xadd(
+                self._stream_key,
+                message.to_fields(),
+                maxlen=self.spec.max_backlog,
+                # exact, not "~": an approximate cap trims whole 100-entry nodes, so the
+                # stream could hold ~100 frames more than the backlog bound (120 MB of raw
+                # pixels, or shm references to slots already overwritten)
+                approximate=False,
+            )
+            self._record_progress(pipe, frames=self.seq + 1)
             try:
-                self._frames_redis.xadd(
-                    self._stream_key,
-                    message.to_fields(),
-                    maxlen=self.spec.max_backlog,
-                    # exact, not "~": an approximate cap trims whole 100-entry nodes, so the
-                    # stream could hold ~100 frames more than the backlog bound (120 MB of raw
-                    # pixels, or shm references to slots already overwritten)
-                    approximate=False,
-                )
+                pipe.execute()
             except OUTAGE_ERRORS:
                 if not self._sheds:
                     raise  # a file job waited reconnect_timeout_s for Redis already
@@ -244,6 +250,12 @@ class DecodeWorker:
                 continue
             self._redis_backoff_s = REDIS_RETRY_MIN_S
             self.seq += 1
+
+    def _record_progress(self, pipe: redis.client.Pipeline, *, frames: int) -> None:
+        """The session's frame count so far, beside its frames (same round trip): the
+        supervisor ends the session with it if this process dies."""
+        progress = {"session": self.session, "frames": frames, "redis_down": self.redis_down}
+        pipe.hset(self._keys.progress(self.spec.camera), mapping=progress)
 
     def _shed_for_redis(self) -> None:
         """A decoded frame Redis could not take: its seq is used up (a gap the batcher sees)
@@ -304,7 +316,7 @@ def run_decoder_process(
     SIGTERM, from the kernel or the supervisor, unlinks the ring on the way out."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if parent_pid is not None:
-        raise_parent_gone_on(signal.SIGTERM)
+        raise_parent_gone_on(signal.SIGTERM, parent_pid=parent_pid, stopping=stop.is_set)
         die_with_parent(parent_pid, signal.SIGTERM)
     client = connect(redis_url, reconnect_timeout_s=reconnect_timeout_s)
     fail_fast = connect(redis_url, fail_fast=True)

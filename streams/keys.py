@@ -36,6 +36,12 @@ class StreamKeys:
         and each decoder session's end (``streams.messages.LedgerEntry``)."""
         return f"{self.prefix}:ledger:{camera}"
 
+    def progress(self, camera: str) -> str:
+        """Hash of the camera's running decoder session: ``session``, ``frames`` (seqs used so
+        far) and ``redis_down``; written with each frame, so that the end of a session whose
+        decoder died without its end entry is still known."""
+        return f"{self.prefix}:progress:{camera}"
+
     def events(self) -> str:
         """Stream of status events (camera opened, disconnected, failed, ended)."""
         return f"{self.prefix}:events"

@@ -56,11 +56,15 @@ def lifeline_preexec(parent_pid: int, signum: int = signal.SIGTERM) -> Callable[
     return preexec
 
 
-def raise_parent_gone_on(signum: int = signal.SIGTERM) -> None:
-    """In a child: turn ``signum`` (the parent-death signal, or the supervisor's terminate)
-    into :class:`ParentGone`, so cleanup runs."""
+def raise_parent_gone_on(signum: int, *, parent_pid: int, stopping: Callable[[], bool]) -> None:
+    """In a child: turn ``signum`` into :class:`ParentGone`, so cleanup runs, when it means
+    the end: the parent died (the parent-death signal), or the parent is stopping us
+    (``stopping()``: it asked, then terminated a child that did not finish).  Otherwise it
+    was meant for the whole process group (a service manager stopping everything) and the
+    parent, which got it too, coordinates the stop: ignored."""
 
     def handle(received: int, _frame: object) -> None:
-        raise ParentGone(128 + received)
+        if os.getppid() != parent_pid or stopping():
+            raise ParentGone(128 + received)
 
     signal.signal(signum, handle)

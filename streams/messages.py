@@ -311,6 +311,17 @@ def merge_drops(entries: list[LedgerEntry]) -> list[LedgerEntry]:
     return merged
 
 
+def session_progress(fields: Mapping[bytes, bytes]) -> tuple[str, int, int] | None:
+    """(session, frames, redis_down) from a camera's progress hash; None when it has none."""
+    if b"session" not in fields:
+        return None
+    return (
+        fields[b"session"].decode(),
+        int(fields.get(b"frames", b"0")),
+        int(fields.get(b"redis_down", b"0")),
+    )
+
+
 @dataclass(frozen=True)
 class Detection:
     """One object: box in original-frame pixels (x1, y1, x2, y2)."""

@@ -27,6 +27,7 @@ DEFAULT_RECONNECT_TIMEOUT_S = 60.0
 CONNECT_TIMEOUT_S = 5.0
 SOCKET_TIMEOUT_S = 30.0  # a silent peer (a partition) fails a read instead of hanging it
 FAIL_FAST_CONNECT_TIMEOUT_S = 0.5
+FAIL_FAST_SOCKET_TIMEOUT_S = 2.0  # a partitioned Redis must not stall a live camera for long
 OUTAGE_ERRORS = (redis.ConnectionError, redis.TimeoutError, socket.timeout)
 # ConnectionError subclasses that no waiting mends: wrong credentials
 _REFUSALS = (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError)
@@ -99,7 +100,9 @@ def connect(
         retry=OutageRetry(0.0 if fail_fast else reconnect_timeout_s),
         retry_on_error=list(OUTAGE_ERRORS),
         socket_connect_timeout=FAIL_FAST_CONNECT_TIMEOUT_S if fail_fast else CONNECT_TIMEOUT_S,
-        socket_timeout=socket_timeout_s,
+        socket_timeout=min(socket_timeout_s, FAIL_FAST_SOCKET_TIMEOUT_S)
+        if fail_fast
+        else socket_timeout_s,
         **tcp,
     )
 
