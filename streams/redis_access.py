@@ -40,7 +40,10 @@ def _daemon_probes(client: redis.Redis, key: str) -> list[tuple[str, Callable[[]
         ("XCLAIM", lambda: client.xclaim(key, PROBE_GROUP, "probe", 0, ["0-1"], justid=True)),
         ("XACK", lambda: client.xack(key, PROBE_GROUP, "0-1")),
         ("XDEL", lambda: client.xdel(key, "0-1")),
-        ("DEL", lambda: client.delete(key)),
+        ("HSET", lambda: client.hset(f"{key}:hash", "probe", 1)),
+        ("HGETALL", lambda: client.hgetall(f"{key}:hash")),
+        ("MULTI/EXEC", lambda: client.pipeline(transaction=True).xlen(key).execute()),
+        ("DEL", lambda: client.delete(key, f"{key}:hash")),
     ]
 
 
@@ -63,7 +66,7 @@ def check_access(client: redis.Redis, keys: StreamKeys, *, url: str) -> None:
     finally:
         try:
             if reached:
-                client.delete(key)
+                client.delete(key, f"{key}:hash")
         except redis.RedisError:
             pass  # the probe key may not be ours to delete; the error above says why
 
