@@ -189,11 +189,12 @@ def drain(
     *,
     accounting: Accounting,
     acks: FrameAcks,
-    consumer: str = "drain",
 ) -> int:
     """Account for everything runs that are over left in these cameras' frames streams: each
     frame and end entry goes into the ledger (``previous_run``, and the gaps before them) and
-    is acknowledged.  Only for cameras no daemon serves now.  Returns the entries drained."""
+    is acknowledged and deleted.  Only for cameras no daemon serves now.  It reads with XRANGE
+    and acknowledges by id, so it leaves no consumer behind in the group.  Returns the
+    entries drained."""
     earlier = EarlierRuns(redis_client=client, keys=keys, accounting=accounting)
     drained = 0
     for camera in cameras:
@@ -203,27 +204,30 @@ def drain(
         except redis.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
-        if claim_pending(client, key, consumer)[1]:
-            earlier.trimmed(camera)
-        position = "0"  # our pending entries first, then the ones never read
-        while True:
-            reply = client.xreadgroup(FRAMES_GROUP, consumer, {key: position}, count=CLAIM_PAGE)
-            entries = reply[0][1] if reply else []
-            if not entries:
-                if position == ">":
-                    break
-                position = ">"
-                continue
-            for entry_id, fields in entries:
-                if not fields:  # pending, but trimmed while its run held the frame
-                    earlier.trimmed(camera)
-                    acks.acknowledge(key, [entry_id])
-                elif message_kind(fields) == "end":
-                    acks.acknowledge(key, [entry_id], earlier.end(EndOfStream.from_fields(fields)))
+        pending = _pending_ids(client, key)
+        after = "-"
+        while page := client.xrange(key, min=after, count=CLAIM_PAGE):
+            for entry_id, fields in page:
+                pending.discard(entry_id)
+                if message_kind(fields) == "end":
+                    ledger = earlier.end(EndOfStream.from_fields(fields))
                 else:
                     session = fields.get(b"session", b"").decode()
                     ledger = earlier.frame(camera, session, int(fields[b"seq"]))
-                    acks.acknowledge(key, [entry_id], ledger)
+                acks.acknowledge(key, [entry_id], ledger)
                 drained += 1
+            after = b"(" + page[-1][0]
+        if pending:  # read and held by a run that stopped, then trimmed: holes to fill
+            earlier.trimmed(camera)
+            client.xack(key, FRAMES_GROUP, *pending)
         acks.acknowledge(key, [], earlier.settle(camera, set(), always=True))
     return drained
+
+
+def _pending_ids(client: redis.Redis, key: str) -> set[bytes]:
+    ids: set[bytes] = set()
+    after: str | bytes = "-"
+    while page := client.xpending_range(key, FRAMES_GROUP, min=after, max="+", count=CLAIM_PAGE):
+        ids.update(p["message_id"] for p in page)
+        after = b"(" + page[-1]["message_id"]
+    return ids
