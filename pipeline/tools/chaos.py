@@ -20,14 +20,13 @@ import os
 import random
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from pipeline.accounting import Accounting
 from pipeline.earlier_runs import drain
 from pipeline.frame_acks import FrameAcks
 from pipeline.tools.audit import CameraAudit, audit_entries
+from pipeline.tools.chaos_report import ChaosReport, FaultResult
 from streams.embedded_redis import EmbeddedRedis, free_tcp_port
 from streams.keys import StreamKeys
 from streams.lifeline import lifeline_preexec
@@ -60,72 +60,6 @@ RECOVERY_TIMEOUT_S = 90.0
 EXIT_TIMEOUT_S = 30.0
 READ_BLOCK_MS = 100
 LEDGER_MAXLEN = 100_000  # the daemon's default (redis.detections_maxlen)
-
-
-@dataclass
-class FaultResult:
-    index: int
-    kind: str
-    at_s: float  # since the harness started
-    recovered_s: float | None  # until every camera's frames flowed again (None: they did not)
-    leftovers: list[str] = field(default_factory=list)  # what a dead daemon left behind
-
-
-@dataclass
-class ChaosReport:
-    seed: int
-    faults: list[FaultResult]
-    cameras: list[dict[str, Any]]
-    daemon_exit_codes: list[int]
-    duration_s: float
-
-    @property
-    def unaccounted(self) -> int:
-        return sum(len(c["unaccounted"]) for c in self.cameras)
-
-    @property
-    def survived(self) -> int:
-        return sum(1 for f in self.faults if f.recovered_s is not None and not f.leftovers)
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data.update(unaccounted=self.unaccounted, survived=self.survived)
-        return data
-
-    def format(self) -> str:
-        recoveries = [f.recovered_s for f in self.faults if f.recovered_s is not None]
-        by_kind: dict[str, list[FaultResult]] = {}
-        for fault in self.faults:
-            by_kind.setdefault(fault.kind, []).append(fault)
-        lines = [
-            f"framebatch chaos: seed {self.seed}, {len(self.faults)} faults in "
-            f"{self.duration_s:.0f} s; survived {self.survived}; frames unaccounted "
-            f"{self.unaccounted}",
-        ]
-        if recoveries:
-            lines.append(
-                f"  recovery: median {statistics.median(recoveries):.1f} s, "
-                f"max {max(recoveries):.1f} s"
-            )
-        for kind, faults in sorted(by_kind.items()):
-            times = [f.recovered_s for f in faults if f.recovered_s is not None]
-            median = f"{statistics.median(times):.1f} s" if times else "-"
-            left = sum(len(f.leftovers) for f in faults)
-            lines.append(
-                f"  {kind}: {len(faults)}, recovered {len(times)} (median {median}), "
-                f"leftovers {left}"
-            )
-        for camera in self.cameras:
-            dropped = ", ".join(f"{c} {n}" for c, n in sorted(camera["dropped"].items()))
-            lines.append(
-                f"  camera {camera['camera']}: {camera['sessions']} sessions, "
-                f"{camera['frames']} frames = {camera['detected']} detected + dropped "
-                f"({dropped or 'none'}); unaccounted {len(camera['unaccounted'])}; "
-                f"detection messages {camera['detected'] + camera['duplicates']} "
-                f"({camera['duplicates']} duplicates removed by frame_id)"
-            )
-        lines.append(f"  daemon exit codes: {self.daemon_exit_codes}")
-        return "\n".join(lines)
 
 
 class Collector:
