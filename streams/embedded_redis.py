@@ -20,7 +20,7 @@ from pathlib import Path
 
 import redis
 
-from streams.lifeline import lifeline_preexec, pid_alive
+from streams.lifeline import pid_alive, tied_to_parent
 
 START_TIMEOUT_S = 10.0
 WORKDIR_PREFIX = "framebatch-redis-"
@@ -110,13 +110,12 @@ class EmbeddedRedis:
         if setpriv is not None:
             args = [setpriv, "--pdeathsig", "TERM", "--", *args]
         self._process = subprocess.Popen(
-            ["/bin/sh", "-c", _GUARD, *args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
             env={**os.environ, "FRAMEBATCH_REDIS_DIR": str(self._workdir)},
-            preexec_fn=lifeline_preexec(os.getpid()),
             start_new_session=True,
+            **tied_to_parent(["/bin/sh", "-c", _GUARD, *args]),  # the guard dies with us
         )
         self._wait_ready()
         return self

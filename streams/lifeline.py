@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import sys
 from collections.abc import Callable
+from typing import Any
 
 PR_SET_PDEATHSIG = 1
 
@@ -47,13 +49,21 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def lifeline_preexec(parent_pid: int, signum: int = signal.SIGTERM) -> Callable[[], None]:
-    """A ``subprocess.Popen(preexec_fn=...)`` that ties the child to ``parent_pid``."""
+def tied_to_parent(command: list[str], signum: int = signal.SIGTERM) -> dict[str, Any]:
+    """``subprocess.Popen`` keyword arguments that run ``command`` as a child that gets
+    ``signum`` when this process (the thread that starts it) dies: through util-linux's
+    ``setpriv --pdeathsig``, which needs no ``preexec_fn`` (unsafe in a threaded process),
+    else through a ``preexec_fn`` that asks the kernel itself."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is not None:
+        name = signal.Signals(signum).name.removeprefix("SIG")
+        return {"args": [setpriv, "--pdeathsig", name, "--", *command]}
+    parent_pid = os.getpid()
 
     def preexec() -> None:
         die_with_parent(parent_pid, signum)
 
-    return preexec
+    return {"args": command, "preexec_fn": preexec}
 
 
 def raise_parent_gone_on(signum: int, *, parent_pid: int, stopping: Callable[[], bool]) -> None:

@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from streams.lifeline import tied_to_parent
+
 SYSTEM_PYTHON = "/usr/bin/python3"
 SERVER_SCRIPT = Path(__file__).resolve().with_name("rtsp_replay_server.py")
 
@@ -108,7 +110,11 @@ class RtspReplay:
             mode="w+", prefix="rtsp_replay_", suffix=".log"
         )
         proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=self._log, text=True, env=_system_env()
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            env=_system_env(),
+            **tied_to_parent(cmd),  # it never outlives whoever started it
         )
         self._proc = proc
         lines: queue.Queue[str | None] = queue.Queue()

@@ -39,7 +39,7 @@ from pipeline.tools.audit import CameraAudit, audit_entries
 from pipeline.tools.chaos_report import ChaosReport, FaultResult
 from streams.embedded_redis import EmbeddedRedis, free_tcp_port
 from streams.keys import StreamKeys
-from streams.lifeline import lifeline_preexec
+from streams.lifeline import tied_to_parent
 from streams.redis_connect import connect
 from streams.rtsp_replay import RtspReplay, rtsp_server_available
 from streams.shm_ring import SHM_DIR
@@ -192,9 +192,14 @@ class Chaos:
         self._redis = EmbeddedRedis(port=self._port, aof_dir=self._aof).start()
 
     def _kill_redis(self) -> None:
+        """SIGKILL of redis-server itself (a crash: no shutdown, no final write); its guard
+        then removes its folder and exits."""
         assert self._redis is not None and self._redis._process is not None
-        self._redis._process.send_signal(signal.SIGKILL)  # its guard: redis-server follows
-        self._redis._process.wait()
+        guard = self._redis._process
+        for pid in _children(guard.pid):
+            if "redis-server" in _cmdline(pid):
+                os.kill(pid, signal.SIGKILL)
+        guard.wait()
         self._redis.stop()
 
     def _config(self) -> Path:
@@ -223,12 +228,12 @@ class Chaos:
 
     def _start_daemon(self) -> None:
         log_file = (self._workdir / f"daemon-{len(self._exit_codes)}.log").open("wb")
+        command = [sys.executable, "-m", "pipeline.cli", "run", str(self._config_path)]
         self._daemon = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cli", "run", str(self._config_path)],
             stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            preexec_fn=lifeline_preexec(os.getpid(), signal.SIGKILL),  # dies with the harness
+            **tied_to_parent(command, signal.SIGKILL),  # it dies with the harness
         )
         log_file.close()
 
