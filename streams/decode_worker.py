@@ -27,7 +27,7 @@ from streams.events import EventLog
 from streams.keys import StreamKeys
 from streams.lifeline import ParentGone, die_with_parent, raise_parent_gone_on
 from streams.messages import EndOfStream, FrameMessage, new_session_id
-from streams.redis_connect import OUTAGE_ERRORS, connect
+from streams.redis_connect import DEFAULT_RECONNECT_TIMEOUT_S, OUTAGE_ERRORS, connect
 from streams.sources import SourceError, VideoSource
 from streams.transport import FrameEncoder, RawEncoder, TransportSpec, make_encoder
 from streams.urls import redact_url
@@ -306,7 +306,7 @@ def run_decoder_process(
     transport: TransportSpec | None = None,
     released: StopSignal | None = None,
     parent_pid: int | None = None,
-    reconnect_timeout_s: float = 60.0,
+    reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S,
 ) -> None:
     """Process entry point: the parent coordinates shutdown, so SIGINT is ignored here.
 

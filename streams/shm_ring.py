@@ -151,12 +151,19 @@ class ShmRing:
         return slot, generation
 
     def close(self) -> None:
-        """Unmap and unlink; legal in every state. Readers that mapped it keep their copy."""
+        """Unlink and unmap; legal in every state. Readers that mapped it keep their copy.
+
+        Unlink first: a close that interrupts a write (the process is told to go mid-frame)
+        may find a view of the map still alive in the traceback, and ``mmap.close`` then
+        refuses; the name must go all the same, the memory goes with the process."""
+        self.path.unlink(missing_ok=True)
         self._view = None  # the exported buffer must go before the map can close
         if self._map is not None:
-            self._map.close()
+            try:
+                self._map.close()
+            except BufferError:
+                pass  # a view outlives us in a traceback: unmapped when the process exits
             self._map = None
-        self.path.unlink(missing_ok=True)
 
     def __enter__(self) -> ShmRing:
         return self
