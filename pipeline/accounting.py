@@ -13,6 +13,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from pipeline.summary import CameraSummary, RunSummary, percentile
+from pipeline.telemetry import NO_TELEMETRY, Telemetry
 from streams.messages import LedgerEntry
 
 LATENCY_SAMPLES = 200_000  # bounded memory in a long-running daemon
@@ -43,8 +44,17 @@ class _CameraState:
 class Accounting:
     """Thread-safe counters for one run of the batcher."""
 
-    def __init__(self, cameras: list[str], *, max_batch_size: int = 1, clock=time.time):
+    def __init__(
+        self,
+        cameras: list[str],
+        *,
+        max_batch_size: int = 1,
+        telemetry: Telemetry = NO_TELEMETRY,
+        clock=time.time,
+    ):
+        """``telemetry`` hears of every frame counted here, as it is counted."""
         self._max_batch_size = max_batch_size
+        self._telemetry = telemetry
         self._lock = threading.Lock()
         self._clock = clock
         self._cameras = {camera: _CameraState() for camera in cameras}
@@ -70,6 +80,7 @@ class Accounting:
         self, state: _CameraState, camera: str, cause: str, first_seq: int, count: int
     ) -> LedgerEntry:
         state.dropped[cause] += count
+        self._telemetry.frames_dropped(camera, cause, count)
         return LedgerEntry(
             camera, state.session or "", "drop", first_seq, count, cause, self._clock()
         )
@@ -117,6 +128,7 @@ class Accounting:
             state.last_seq = max(seq, state.last_seq)
             state.decoded = state.earlier_sessions + state.last_seq + 1 + state.decode_errors
             state.received += 1
+            self._telemetry.frames_received(camera, 1)
             return entries
 
     def on_end(
@@ -171,6 +183,7 @@ class Accounting:
         run's decoded nor its dropped frames."""
         with self._lock:
             self._state(camera).previous_run += count
+            self._telemetry.frames_dropped(camera, cause, count)
         return LedgerEntry(camera, session, "drop", first_seq, count, cause, self._clock())
 
     def on_shed(self, camera: str, cause: str, session: str = "", seq: int = -1) -> LedgerEntry:
@@ -179,6 +192,7 @@ class Accounting:
             state = self._state(camera)
             state.dropped[cause] += 1
             state.shed += 1
+            self._telemetry.frames_dropped(camera, cause, 1)
         return LedgerEntry(camera, session, "drop", seq, 1, cause, self._clock())
 
     def on_published(self, batch: list[tuple[str, float, float]], published: float) -> None:
@@ -190,6 +204,7 @@ class Accounting:
                 state.processed += 1
                 state.latencies.append(latency)
                 state.queue_delays.append(queue_delay)
+                self._telemetry.frames_published(camera, latency, queue_delay)
             if self._first_published is None:
                 self._first_published = published
             self._last_published = published

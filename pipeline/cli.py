@@ -11,10 +11,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-EXIT_OK = 0
-EXIT_CAMERA_ERRORS = 1  # the run finished, but some camera failed (the others were processed)
-EXIT_BAD_INPUT = 2  # only at start: config, model file, Redis URL / password / ACL / TLS
-EXIT_RUN_FAILED = 3  # the run broke off: Redis away past redis.reconnect_timeout_s, a stage died
+from pipeline.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_CAMERA_ERRORS,
+    EXIT_OK,
+    EXIT_RUN_FAILED,
+    FramebatchError,
+)
 
 log = logging.getLogger("framebatch")
 
@@ -44,45 +47,25 @@ def _print_event(event: dict[str, str]) -> None:
         log.info("%s", line)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    import redis
+def _report(exc: FramebatchError) -> int:
+    """One line (a config error: one per problem) on stderr; the error's exit code."""
+    from pipeline.config import ConfigError
 
-    from detectors.base import BackendUnavailable
-    from pipeline.batch_worker import StageFailed
-    from pipeline.config import ConfigError, load_config
+    print(exc if isinstance(exc, ConfigError) else f"framebatch: {exc}", file=sys.stderr)
+    return exc.exit_code
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from pipeline.config import load_config
     from pipeline.daemon import Pipeline
-    from streams.embedded_redis import RedisServerError
-    from streams.redis_access import RedisAccessError
-    from streams.redis_connect import is_outage
-    from streams.urls import redact_url
 
     try:
         config = load_config(args.config)
         pipeline = Pipeline(config, until_done=args.until_done, on_event=_print_event)
         _install_stop_handlers(pipeline.stop)
         summary = pipeline.run()
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except (
-        FileNotFoundError,
-        ValueError,
-        RedisServerError,
-        RedisAccessError,
-        BackendUnavailable,
-    ) as exc:
-        print(f"framebatch: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except (redis.RedisError, StageFailed) as exc:
-        cause = exc.__cause__ if isinstance(exc, StageFailed) and exc.__cause__ else exc
-        where = redact_url(config.redis.url or "the private redis-server")
-        timeout = config.redis.reconnect_timeout_s
-        if is_outage(cause):
-            message = f"Redis at {where} unreachable for more than {timeout:.0f} s: {cause}"
-        else:
-            message = f"the run failed: {redact_url(str(cause))}"
-        print(f"framebatch: {message} (redis.reconnect_timeout_s)", file=sys.stderr)
-        return EXIT_RUN_FAILED
+    except FramebatchError as exc:
+        return _report(exc)
     print(summary.format())
     if args.summary_json:
         Path(args.summary_json).write_text(json.dumps(summary.to_json(), indent=2))
@@ -155,8 +138,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         config = load_config(args.config)
         check_run_mode(config, until_done=args.until_done)
     except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _report(exc)
     print(f"{args.config}: ok ({len(config.cameras)} cameras, model {config.model.path.name})")
     return EXIT_OK
 
@@ -227,8 +209,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
     except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _report(exc)
     if not config.redis.url:
         print(
             "framebatch drain: the config has no redis.url (a private Redis keeps nothing)",

@@ -11,7 +11,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 from urllib.parse import unquote
 
 import yaml
@@ -35,6 +35,8 @@ from pipeline.config_errors import (
     format_validation_errors,
 )
 from pipeline.config_yaml import MAX_CONFIG_BYTES, StrictLoader, interpolate
+from streams.redis_connect import DEFAULT_RECONNECT_TIMEOUT_S
+from streams.sinks import default_sinks, sink_options_models
 from streams.sources import MAX_FPS, MIN_FPS
 from streams.urls import is_live_url, redact_url, url_scheme
 
@@ -53,6 +55,8 @@ _MODEL_CONFIG = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=Tru
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 ClassIds = Annotated[list[Annotated[int, Field(ge=0, le=999)]], Field(min_length=1)]
+#: A ``sinks:`` entry: the options of the sink its ``kind`` names (one module each).
+SinkSettings = Annotated[Union[sink_options_models()], Field(discriminator="kind")]  # noqa: UP007
 
 
 def _resolve(path: Path, info: ValidationInfo) -> Path:
@@ -79,7 +83,7 @@ class RedisConfig(BaseModel):
     frames_maxlen: int = Field(64, ge=2, description="MAXLEN ~ of each frames stream")
     detections_maxlen: int = Field(100_000, ge=1, description="MAXLEN ~ of each detections stream")
     reconnect_timeout_s: Finite = Field(
-        60.0,
+        DEFAULT_RECONNECT_TIMEOUT_S,
         ge=0,
         le=86_400,
         description="How long every process rides out a Redis outage (retrying with backoff)",
@@ -295,6 +299,13 @@ class Config(BaseModel):
     )
     transport: TransportConfig = Field(
         default_factory=TransportConfig, description="How frames travel to the batcher"
+    )
+    sinks: list[SinkSettings] = Field(
+        default_factory=default_sinks,
+        min_length=1,
+        max_length=8,
+        description="Where detections go, each written before a frame is acknowledged "
+        "(kinds: one per module in streams/sinks/); default: redis_streams",
     )
 
     @model_validator(mode="after")

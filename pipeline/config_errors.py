@@ -8,10 +8,12 @@ from __future__ import annotations
 import difflib
 import types
 from collections.abc import Sequence
-from typing import Any, Union, get_args, get_origin
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from pipeline.errors import BadInput
 
 MAX_LINE = 400  # an error line never echoes more than this (a value may be megabytes)
 MAX_VALUE = 80  # characters of a user's value quoted in a message
@@ -19,7 +21,7 @@ MAX_VALUE = 80  # characters of a user's value quoted in a message
 Problem = tuple[tuple[str | int, ...], str, Any]  # (loc below the model, message, input)
 
 
-class ConfigError(Exception):
+class ConfigError(BadInput):
     """An invalid config: ``errors`` holds one ``dotted.path: message`` line per problem."""
 
     def __init__(self, errors: Sequence[str], source: str = "<config>") -> None:
@@ -61,6 +63,7 @@ _MESSAGES = {
     "multiple_of": "must be a multiple of {multiple_of}",
     "literal_error": "must be {expected}",
     "model_type": "must be a mapping",
+    "model_attributes_type": "must be a mapping",
     "dict_type": "must be a mapping",
     "list_type": "must be a list",
     "too_long": "at most {max_length} items",
@@ -90,24 +93,60 @@ def line_at(loc: Sequence[str | int], message: str) -> str:
 
 def _members(annotation: Any) -> list[Any]:
     """The annotation itself, or the members of a union (``X | None``)."""
+    if get_origin(annotation) is Annotated:
+        return _members(get_args(annotation)[0])
     if get_origin(annotation) in (Union, types.UnionType):
         return [m for arg in get_args(annotation) for m in _members(arg)]
     return [annotation]
 
 
-def _model_at(root: Any, loc: Sequence[str | int]) -> type[BaseModel] | None:
-    """The model class found by walking ``loc`` through fields, list items and Optionals."""
+def _models(annotation: Any) -> list[type[BaseModel]]:
+    return [m for m in _members(annotation) if isinstance(m, type) and issubclass(m, BaseModel)]
+
+
+def _kinds(annotation: Any) -> dict[str, type[BaseModel]]:
+    """The members of a union tagged by ``kind`` (the sinks), by tag."""
+    tagged = {}
+    for model in _models(annotation):
+        field = model.model_fields.get("kind")
+        for tag in get_args(field.annotation) if field else ():
+            tagged[tag] = model
+    return tagged
+
+
+def _walk(root: Any, loc: Sequence[str | int]) -> tuple[list[str | int], Any]:
+    """``loc`` without the tags pydantic puts in it for a tagged union, and the annotation
+    found by walking it through fields, list items, Optionals and tagged unions."""
     annotation: Any = root
+    shown: list[str | int] = []
     for part in loc:
         if isinstance(part, int):
             lists = [m for m in _members(annotation) if get_origin(m) is list]
             annotation = get_args(lists[0])[0] if lists else None
+        elif len(_models(annotation)) > 1 and part in _kinds(annotation):
+            annotation = _kinds(annotation)[part]  # sinks[0].jsonl.path: the tag goes
+            continue
         else:
-            model = _model_at(annotation, ()) if annotation is not None else None
-            field = model.model_fields.get(part) if model else None
+            models = _models(annotation) if annotation is not None else []
+            field = models[0].model_fields.get(part) if models else None
             annotation = field.annotation if field else None
-    models = [m for m in _members(annotation) if isinstance(m, type) and issubclass(m, BaseModel)]
+        shown.append(part)
+    return shown, annotation
+
+
+def _model_at(root: Any, loc: Sequence[str | int]) -> type[BaseModel] | None:
+    """The model class found by walking ``loc`` through fields, list items and Optionals."""
+    models = _models(_walk(root, loc)[1])
     return models[0] if models else None
+
+
+def _union_tag(kind: str, ctx: dict[str, Any], annotation: Any) -> tuple[str, str]:
+    """A tagged union's missing or unknown tag: the field it is in, and the message."""
+    known = ", ".join(_kinds(annotation))
+    if kind == "union_tag_not_found":
+        return str(ctx.get("discriminator", "kind")).strip("'"), f"required (one of: {known})"
+    tag = clip(str(ctx.get("tag", "")))
+    return str(ctx.get("discriminator", "kind")).strip("'"), f"unknown {tag!r} (one of: {known})"
 
 
 def _unknown_key(root: type[BaseModel], loc: Sequence[str | int]) -> str:
@@ -117,7 +156,7 @@ def _unknown_key(root: type[BaseModel], loc: Sequence[str | int]) -> str:
     where = "unknown key" if parent else "unknown top-level key"
     close = difflib.get_close_matches(str(key)[:MAX_VALUE], names, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else f" (expected one of: {', '.join(names)})"
-    return line_at(parent, f"{where} {clip(str(key))!r}{hint}")
+    return line_at(_walk(root, parent)[0], f"{where} {clip(str(key))!r}{hint}")
 
 
 def format_validation_errors(exc: ValidationError, model: type[BaseModel]) -> list[str]:
@@ -128,6 +167,12 @@ def format_validation_errors(exc: ValidationError, model: type[BaseModel]) -> li
         if kind == "extra_forbidden":
             lines.append(_unknown_key(model, loc))
             continue
+        if kind in ("union_tag_invalid", "union_tag_not_found"):
+            shown, annotation = _walk(model, loc)
+            field, message = _union_tag(kind, ctx, annotation)
+            lines.append(line_at([*shown, field], message))
+            continue
+        loc = _walk(model, loc)[0]
         if kind == "too_short":
             message = "must not be empty" if ctx.get("min_length") == 1 else "too few items"
         elif kind in _MESSAGES:

@@ -12,12 +12,13 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Callable
-from contextlib import ExitStack, closing
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass, field
 
 import redis
 
+from detectors.base import BackendUnavailable
 from detectors.detector import Detector
 from detectors.preprocess import Letterbox
 from pipeline.accounting import Accounting
@@ -33,17 +34,22 @@ from pipeline.builders import (
 )
 from pipeline.config import Config
 from pipeline.earlier_runs import drain
+from pipeline.errors import BadInput, FramebatchError, RedisUnavailable, RunFailed, StageFailed
 from pipeline.frame_acks import FrameAcks
 from pipeline.summary import RunSummary
+from pipeline.telemetry import NO_TELEMETRY, Telemetry
 from streams.decode_worker import DecoderSpec, ProcessFlag, run_decoder_process
-from streams.embedded_redis import EmbeddedRedis
+from streams.embedded_redis import EmbeddedRedis, RedisServerError
 from streams.events import EventLog
 from streams.keys import FRAMES_GROUP, StreamKeys
 from streams.messages import EndOfStream, session_progress
-from streams.redis_access import check_access
-from streams.redis_connect import CONNECT_TIMEOUT_S, connect
+from streams.redis_access import RedisAccessError, check_access
+from streams.redis_connect import CONNECT_TIMEOUT_S, connect, is_outage
 from streams.shm_ring import remove_segments
+from streams.sinks import DetectionSink, SinkContext, open_sinks
+from streams.sinks.base import SinkError
 from streams.transport import FrameDecoder, host_id
+from streams.urls import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +57,15 @@ SUPERVISE_TICK_S = 0.2
 DECODER_JOIN_S = 5.0
 RESTART_BACKOFF_MAX_S = 30.0
 HEALTHY_AFTER_S = 60.0  # a decoder up this long has recovered: its restart backoff resets
+#: What the lower layers raise for bad input found before the run starts (exit 2).
+START_ERRORS = (
+    FileNotFoundError,
+    ValueError,
+    RedisServerError,
+    RedisAccessError,
+    BackendUnavailable,
+    SinkError,
+)
 
 
 def dead_session_end(
@@ -88,13 +103,49 @@ class Pipeline:
     stop: threading.Event = field(default_factory=threading.Event)
     # how the detector is built; the bench passes one that also times each stage
     detector_factory: Callable[[Config, str], Detector] = load_detector
+    telemetry: Telemetry = NO_TELEMETRY  # hears of every frame, batch and failure
     redis_url: str = ""
+    # the batchers run: from here on a failure is the run's, not the input's
+    started: bool = field(default=False, init=False)
 
     @property
     def _reconnect_timeout_s(self) -> float:
         return self.config.redis.reconnect_timeout_s
 
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """Whatever ends the run, as a ``FramebatchError``: bad input before the batchers
+        start (exit 2), a failed run after (exit 3); anything else is a bug (a traceback)."""
+        try:
+            yield
+        except FramebatchError as exc:
+            cause = exc.__cause__
+            if isinstance(exc, StageFailed) and cause is not None and is_outage(cause):
+                raise self._redis_gone(cause) from cause
+            raise
+        except START_ERRORS as exc:
+            if self.started:
+                raise
+            raise BadInput(str(exc)) from exc
+        except redis.RedisError as exc:
+            if is_outage(exc):
+                raise self._redis_gone(exc) from exc
+            raise RunFailed(f"the run failed: {redact_url(str(exc))}") from exc
+
+    def _redis_gone(self, exc: BaseException) -> RedisUnavailable:
+        where = redact_url(self.config.redis.url or "the private redis-server")
+        timeout = self._reconnect_timeout_s
+        return RedisUnavailable(
+            f"Redis at {where} unreachable for more than {timeout:.0f} s "
+            f"(redis.reconnect_timeout_s): {redact_url(str(exc))}"
+        )
+
     def run(self) -> RunSummary:
+        """Raises ``BadInput`` (exit 2) or ``RunFailed`` (exit 3) with a one-line message."""
+        with self._errors():
+            return self._run()
+
+    def _run(self) -> RunSummary:
         check_run_mode(self.config, until_done=self.until_done)
         with ExitStack() as stack:
             self.redis_url = self.config.redis.url or stack.enter_context(EmbeddedRedis()).url
@@ -109,7 +160,16 @@ class Pipeline:
             stack.callback(client.close)
             self._prepare_streams(client, keys)
             camera_ids = [camera.id for camera in self.config.cameras]
-            accounting = Accounting(camera_ids, max_batch_size=self.config.batching.max_batch_size)
+            accounting = Accounting(
+                camera_ids,
+                max_batch_size=self.config.batching.max_batch_size,
+                telemetry=self.telemetry,
+            )
+            sink = open_sinks(
+                self.config.sinks,
+                SinkContext(client, keys, detections_maxlen=self.config.redis.detections_maxlen),
+            )
+            stack.callback(sink.close)  # after the batchers stopped writing
             # What an earlier run left, before any decoder of this run can trim it away
             acks = FrameAcks(
                 redis_client=client, keys=keys, ledger_maxlen=self.config.redis.detections_maxlen
@@ -142,7 +202,7 @@ class Pipeline:
                 detector = self.detector_factory(self.config, device)
                 stack.callback(detector.close)
                 worker = self._batch_worker(
-                    client, keys, detector, accounting, cameras, index, since_ms
+                    client, keys, detector, accounting, sink, cameras, index, since_ms
                 )
                 batchers.append(
                     threading.Thread(
@@ -153,6 +213,7 @@ class Pipeline:
                 )
             for batcher in batchers:
                 batcher.start()
+            self.started = True
             try:
                 self._supervise(
                     client,
@@ -175,7 +236,15 @@ class Pipeline:
 
     # --- building -----------------------------------------------------------------------------
     def _batch_worker(
-        self, client, keys, detector, accounting, cameras, index, since_ms
+        self,
+        client: redis.Redis,
+        keys: StreamKeys,
+        detector: Detector,
+        accounting: Accounting,
+        sink: DetectionSink,
+        cameras: list[str],
+        index: int,
+        since_ms: int,
     ) -> BatchWorker:
         """One detector worker over its share of the cameras, its policy seeded with t(b)."""
         policy = batching_policy(self.config, until_done=self.until_done)
@@ -188,8 +257,10 @@ class Pipeline:
             detector=detector,
             policy=policy,
             accounting=accounting,
-            detections_maxlen=self.config.redis.detections_maxlen,
+            sink=sink,
+            ledger_maxlen=self.config.redis.detections_maxlen,
             until_done=self.until_done,
+            telemetry=self.telemetry,
             consumer_name=f"batcher-{index}",
             since_ms=since_ms,
             frame_decoder=FrameDecoder(host=self._host),

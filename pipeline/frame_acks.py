@@ -1,9 +1,9 @@
 """Acknowledging frames, always after what became of them is in Redis.
 
 A frame entry is acknowledged (and deleted: frames are ~1 MB, and deleting keeps XLEN equal to
-the backlog) only in the same pipeline as, and after, its detection message or its ledger
-entry.  A crash between the two repeats a message (consumers de-duplicate by ``frame_id``),
-never loses one.
+the backlog) only after its detection message is written by every sink, or in the same
+MULTI/EXEC as, and after, its ledger entry.  A crash between the two repeats a message
+(consumers de-duplicate by ``frame_id``), never loses one.
 """
 
 from __future__ import annotations
@@ -52,6 +52,13 @@ class FrameAcks:
         pipe = self.pipeline()
         self.write_ledger(pipe, entries or [])
         if ids:
+            self.ack_and_delete(pipe, key, ids)
+        self.execute(pipe)
+
+    def acknowledge_frames(self, ids_by_stream: dict[str, list[bytes]]) -> None:
+        """A published batch's frames, of several streams, in one round trip."""
+        pipe = self.pipeline()
+        for key, ids in ids_by_stream.items():
             self.ack_and_delete(pipe, key, ids)
         self.execute(pipe)
 

@@ -10,10 +10,12 @@ Pixels travel as the configured transport's encoder makes them (:mod:`streams.tr
 from __future__ import annotations
 
 import ctypes
+import logging
 import math
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -27,13 +29,21 @@ from streams.events import EventLog
 from streams.keys import StreamKeys
 from streams.lifeline import ParentGone, die_with_parent, raise_parent_gone_on
 from streams.messages import EndOfStream, FrameMessage, new_session_id
-from streams.redis_connect import DEFAULT_RECONNECT_TIMEOUT_S, OUTAGE_ERRORS, connect
+from streams.redis_connect import (
+    DEFAULT_RECONNECT_TIMEOUT_S,
+    OUTAGE_ERRORS,
+    connect,
+    is_outage,
+)
 from streams.sources import SourceError, VideoSource
 from streams.transport import FrameEncoder, RawEncoder, TransportSpec, make_encoder
 from streams.urls import redact_url
 
+log = logging.getLogger(__name__)
+
 BACKPRESSURE_POLL_S = 0.02  # a full backlog lasts seconds; polling faster only burns CPU
 LINGER_POLL_S = 0.05
+EXIT_REDIS_GONE = 3  # the decoder process's exit code when Redis stayed away too long
 REDIS_RETRY_MIN_S, REDIS_RETRY_MAX_S = 0.25, 2.0  # live frames shed untried between tries
 LINGER_IDLE_S = 10.0  # a ring outlives its decoder while its frames are read, but not forever
 
@@ -329,7 +339,7 @@ def run_decoder_process(
         max_backlog=spec.max_backlog,
         pid=os.getpid(),
     )
-    orphaned = False
+    orphaned = redis_gone = False
     try:
         DecodeWorker(
             spec=spec,
@@ -342,11 +352,23 @@ def run_decoder_process(
     except ParentGone:
         orphaned = True  # nobody will read the ring any more
         raise
+    except redis.RedisError as exc:
+        if not is_outage(exc):
+            raise
+        # the daemon fails the run for the same reason and says so once, without a traceback
+        log.error(
+            "camera %r: Redis unreachable for more than %.0f s; decoder stopped",
+            spec.camera,
+            reconnect_timeout_s,
+        )
+        redis_gone = True
     finally:
         try:
-            if encoder.holds_frames and not orphaned:
+            if encoder.holds_frames and not orphaned and not redis_gone:
                 wait_until_read(client, keys.frames(spec.camera), released)
         finally:
             encoder.close()
             client.close()
             fail_fast.close()
+    if redis_gone:
+        sys.exit(EXIT_REDIS_GONE)

@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from pipeline.accounting import Accounting
+from pipeline.config import RedisConfig
 from pipeline.earlier_runs import drain
 from pipeline.frame_acks import FrameAcks
 from pipeline.tools.audit import CameraAudit, audit_entries
@@ -59,7 +60,7 @@ FAULTS = (
 RECOVERY_TIMEOUT_S = 90.0
 EXIT_TIMEOUT_S = 30.0
 READ_BLOCK_MS = 100
-LEDGER_MAXLEN = 100_000  # the daemon's default (redis.detections_maxlen)
+LEDGER_MAXLEN = RedisConfig.model_fields["detections_maxlen"].default  # the daemon's default
 
 
 class Collector:

@@ -4,6 +4,7 @@ that dies, frames another worker left pending, the run after a crash."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -14,11 +15,16 @@ from detectors.base import ModelInfo
 from detectors.detector import Detector
 from detectors.postprocess import Thresholds
 from pipeline.accounting import Accounting
-from pipeline.batch_worker import BatchWorker, StageFailed
+from pipeline.batch_worker import BatchWorker
 from pipeline.batching import make_policy
+from pipeline.errors import StageFailed
+from pipeline.telemetry import Telemetry
 from pipeline.tools.audit import audit
 from streams.keys import FRAMES_GROUP, StreamKeys
 from streams.messages import EndOfStream, FrameMessage
+from streams.sinks import SinkContext, SinkGroup, open_sinks
+from streams.sinks.jsonl import Options as JsonLinesOptions
+from streams.sinks.redis_streams import Options as RedisStreamsOptions
 
 SIZE = 32
 
@@ -63,15 +69,21 @@ def write_frames(client, keys: StreamKeys, camera: str, session: str, seqs, *, e
         )
 
 
-def worker(client, keys, cameras, backend, *, since_ms=0, consumer="batcher-0") -> BatchWorker:
+def worker(
+    client, keys, cameras, backend, *, since_ms=0, consumer="batcher-0", sink=None, telemetry=None
+) -> BatchWorker:
+    sink = sink or open_sinks([RedisStreamsOptions()], SinkContext(client, keys, 10_000))
+    telemetry = telemetry or Telemetry()
     return BatchWorker(
         redis_client=client,
         keys=keys,
         cameras=cameras,
         detector=Detector(backend, thresholds=Thresholds()),
         policy=make_policy("batch1", max_batch_size=1, max_wait_ms=5),
-        accounting=Accounting(cameras),
-        detections_maxlen=10_000,
+        accounting=Accounting(cameras, telemetry=telemetry),
+        sink=sink,
+        ledger_maxlen=10_000,
+        telemetry=telemetry,
         until_done=True,
         consumer_name=consumer,
         since_ms=since_ms,
@@ -145,3 +157,86 @@ def test_the_run_after_a_crash_claims_and_accounts_for_everything(redis_client, 
     assert report.sessions == 2 and report.frames == 12 + 3
     assert report.detected + report.dropped["previous_run"] == 15
     assert redis_client.xpending(keys.frames("a"), FRAMES_GROUP)["pending"] == 0
+
+
+class FakeSink:
+    """Keeps what it is given; fails at a chosen batch."""
+
+    name = "fake"
+
+    def __init__(self, fail_at_batch: int | None = None):
+        self.batches: list[list[str]] = []
+        self._fail_at = fail_at_batch
+
+    def write(self, messages):
+        if self._fail_at is not None and len(self.batches) + 1 >= self._fail_at:
+            raise ConnectionError("injected sink failure")
+        self.batches.append([m.frame_id for m in messages])
+
+    def close(self):
+        pass
+
+
+class RecordingTelemetry(Telemetry):
+    def __init__(self):
+        self.received = self.published = self.inferred = 0
+        self.dropped: dict[str, int] = {}
+        self.failed: list[str] = []
+
+    def frames_received(self, camera, count):
+        self.received += count
+
+    def frames_dropped(self, camera, cause, count):
+        self.dropped[cause] = self.dropped.get(cause, 0) + count
+
+    def frames_published(self, camera, latency_s, queue_delay_s):
+        self.published += 1
+
+    def batch_inferred(self, size, seconds):
+        self.inferred += size
+
+    def stage_failed(self, stage, error):
+        self.failed.append(stage)
+
+
+def test_every_sink_has_each_message_before_its_frame_is_acknowledged(redis_client, keys, tmp_path):
+    write_frames(redis_client, keys, "a", "A", range(6), end=6)
+    write_frames(redis_client, keys, "b", "B", range(4), end=4)
+    lines = tmp_path / "detections.jsonl"
+    sinks = open_sinks(
+        [RedisStreamsOptions(), JsonLinesOptions(kind="jsonl", path=lines)],
+        SinkContext(redis_client, keys, 10_000),
+    )
+    fake = FakeSink()
+    run_to_end(
+        worker(redis_client, keys, ["a", "b"], FakeBackend(), sink=SinkGroup([*sinks.sinks, fake]))
+    )
+    sinks.close()
+    written = [json.loads(line)["frame_id"] for line in lines.read_text().splitlines()]
+    assert sorted(written) == sorted(f"{s}:{n}" for s, c in (("A", 6), ("B", 4)) for n in range(c))
+    assert [frame for batch in fake.batches for frame in batch] == written  # same order
+    assert all(r.ok for r in audit(redis_client, keys, ["a", "b"]))
+
+
+def test_a_failing_sink_acknowledges_nothing_it_did_not_write(redis_client, keys):
+    write_frames(redis_client, keys, "a", "A", range(8), end=8)
+    telemetry = RecordingTelemetry()
+    sink = FakeSink(fail_at_batch=3)
+    with pytest.raises(StageFailed, match="publish stage failed.*injected sink failure"):
+        run_to_end(worker(redis_client, keys, ["a"], FakeBackend(), sink=sink, telemetry=telemetry))
+    assert telemetry.failed == ["publish"]
+    written = len(sink.batches)  # batches of one frame
+    assert written == 2 and telemetry.published == written
+    left = redis_client.xrange(keys.frames("a"))
+    assert len([e for e in left if e[1][b"kind"] == b"frame"]) == 8 - written
+
+
+def test_telemetry_hears_of_every_frame_once(redis_client, keys):
+    write_frames(redis_client, keys, "a", "A", range(10), end=10)
+    write_frames(redis_client, keys, "b", "B", [0, 1, 4, 5], end=7)  # 2, 3 and 6 trimmed
+    telemetry = RecordingTelemetry()
+    backend = FakeBackend()
+    run_to_end(worker(redis_client, keys, ["a", "b"], backend, telemetry=telemetry))
+    assert telemetry.received == 14 and telemetry.published == 14
+    assert telemetry.dropped == {"overflow": 3}
+    assert telemetry.inferred == 14 and backend.batches == 14

@@ -135,3 +135,41 @@ def test_the_daemon_rides_out_a_redis_restart(assets, rtsp_camera, tmp_path, per
                 server.stop()
         assert all(r.ok for r in reports), [r.line() for r in reports]
         assert reports[0].frames == reports[0].detected == 60
+
+
+def test_redis_gone_for_good_ends_the_run_with_exit_3_and_one_line(assets, tmp_path):
+    """Past redis.reconnect_timeout_s the run fails (exit 3), naming Redis and the setting;
+    what the detections sinks wrote before, the JSON Lines file too, stays."""
+    server = EmbeddedRedis(port=free_tcp_port()).start()
+    lines = tmp_path / "detections.jsonl"
+    config = write_config(
+        tmp_path / "gone.yaml",
+        model=MODEL,
+        cameras=[{"id": "file", "url": str(CLIP), "realtime": True, "fps": 10}],
+        redis_url=server.url,
+        redis={"url": server.url, "prefix": "gone", "reconnect_timeout_s": 2},
+        sinks=[{"kind": "redis_streams"}, {"kind": "jsonl", "path": str(lines)}],
+    )
+    result: dict = {}
+    run = threading.Thread(
+        target=lambda: result.update(proc=framebatch("run", str(config), timeout=120))
+    )
+    try:
+        run.start()
+        wait_for(lambda: lines.exists() and len(lines.read_text().splitlines()) >= 3, 90, "lines")
+        with connect(server.url) as client:
+            in_redis = client.xlen(StreamKeys("gone").detections("file"))
+        server.stop()
+        gone_at = time.monotonic()
+        run.join(120)
+    finally:
+        server.stop()
+    proc = result["proc"]
+    assert proc.returncode == 3, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert time.monotonic() - gone_at < 60  # a few reconnect timeouts, not a hang
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("framebatch: Redis at redis://127.0.0.1:"), last
+    assert "unreachable for more than 2 s (redis.reconnect_timeout_s)" in last
+    written = [json.loads(line)["frame_id"] for line in lines.read_text().splitlines()]
+    assert len(written) >= in_redis and len(set(written)) == len(written)

@@ -116,8 +116,23 @@ VALID = [
             "cameras[0].fps": None,
             "cameras[0].max_backlog": None,
             "cameras[0].is_live": True,
+            "sinks[0].kind": "redis_streams",
         },
         id="minimal-with-defaults",
+    ),
+    pytest.param(
+        merged(
+            MINIMAL,
+            {"sinks": [{"kind": "jsonl", "path": "out/d.jsonl"}, {"kind": "redis_streams"}]},
+        ),
+        {},
+        {
+            "sinks[0].kind": "jsonl",
+            "sinks[0].path": BASE / "out" / "d.jsonl",
+            "sinks[0].fsync": False,
+            "sinks[1].kind": "redis_streams",
+        },
+        id="sinks-in-order-relative-to-the-config",
     ),
     pytest.param(
         FULL,
@@ -411,6 +426,29 @@ INVALID = [
         merged(MINIMAL, {"model": {"path": "${DIR/m.onnx"}}),
         "model.path: malformed '${...}': use ${VAR} or ${VAR:-default} ('$${' for a literal '${')",
     ),
+    # sinks: a tagged union, one module each
+    (
+        merged(MINIMAL, {"sinks": [{"kind": "kafka"}]}),
+        "sinks[0].kind: unknown 'kafka' (one of: jsonl, redis_streams)",
+    ),
+    (
+        merged(MINIMAL, {"sinks": [{"path": "d.jsonl"}]}),
+        "sinks[0].kind: required (one of: jsonl, redis_streams)",
+    ),
+    (merged(MINIMAL, {"sinks": [{"kind": "jsonl"}]}), "sinks[0].path: required"),
+    (
+        merged(MINIMAL, {"sinks": [{"kind": "jsonl", "path": "d", "fsnc": True}]}),
+        "sinks[0]: unknown key 'fsnc'; did you mean 'fsync'?",
+    ),
+    (
+        merged(
+            MINIMAL,
+            {"sinks": [{"kind": "redis_streams"}, {"kind": "jsonl", "path": "d", "fsync": "x"}]},
+        ),
+        "sinks[1].fsync: must be true or false (got string)",
+    ),
+    (merged(MINIMAL, {"sinks": []}), "sinks: must not be empty"),
+    (merged(MINIMAL, {"sinks": ["jsonl"]}), "sinks[0]: must be a mapping (got string)"),
 ]
 
 

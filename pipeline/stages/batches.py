@@ -1,0 +1,39 @@
+"""What travels between the stages: frames waiting in the policy, prepared and inferred batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pipeline.batching import Queued
+from streams.messages import FrameMessage
+
+
+@dataclass(frozen=True)
+class PendingFrame:
+    """A frame read from its stream, waiting in the batching policy."""
+
+    entry_id: bytes
+    message: FrameMessage
+    image: np.ndarray | None = None  # pixels already out of their transport (shm), if any
+
+
+@dataclass(frozen=True)
+class PreparedBatch:
+    """The reader's output: frames and the detector's input tensor."""
+
+    batch_id: int
+    frames: list[Queued[PendingFrame]]
+    tensor: Any
+    batched: float  # wall-clock time the policy dispatched it
+
+
+@dataclass(frozen=True)
+class InferredBatch:
+    """The inferer's output: the detector's raw output for a prepared batch."""
+
+    prepared: PreparedBatch
+    raw: np.ndarray
+    inferred: float

@@ -1,0 +1,99 @@
+"""The publisher stage: post-processes each inferred batch (box decoding, NMS), writes one
+detection message per frame to the sinks, then acknowledges the frames — in that order, so a
+crash in between repeats a message (consumers de-duplicate by ``frame_id``), never loses one."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from detectors.detector import Detector
+from detectors.postprocess import ImageDetections
+from detectors.preprocess import LetterboxGeometry
+from pipeline.accounting import Accounting
+from pipeline.frame_acks import FrameAcks
+from pipeline.stages.batches import InferredBatch
+from pipeline.stages.lifecycle import Handoff
+from streams.keys import StreamKeys
+from streams.messages import Detection, DetectionMessage, FrameMessage, Timestamps
+from streams.sinks import DetectionSink
+
+
+class Publisher:
+    def __init__(
+        self,
+        *,
+        detector: Detector,
+        inbox: Handoff[InferredBatch],
+        sink: DetectionSink,
+        acks: FrameAcks,
+        keys: StreamKeys,
+        accounting: Accounting,
+        clock: Callable[[], float] = time.time,
+    ):
+        self._detector = detector
+        self._inbox = inbox
+        self._sink = sink
+        self._acks = acks
+        self._keys = keys
+        self._accounting = accounting
+        self._clock = clock
+
+    def run(self) -> None:
+        for batch in self._inbox:
+            self.publish(batch)
+
+    def publish(self, batch: InferredBatch) -> None:
+        frames = batch.prepared.frames
+        messages = [q.item.message for q in frames]
+        geometries = [
+            LetterboxGeometry(m.width, m.height, m.scale, m.pad_x, m.pad_y) for m in messages
+        ]
+        results = self._detector.postprocess(batch.raw, geometries)
+        published = self._clock()
+        self._sink.write(
+            [
+                self._detection_message(batch, message, result, published)
+                for message, result in zip(messages, results, strict=True)
+            ]
+        )
+        by_stream: dict[str, list[bytes]] = {}
+        for q in frames:
+            by_stream.setdefault(self._keys.frames(q.camera), []).append(q.item.entry_id)
+        self._acks.acknowledge_frames(by_stream)
+        batched = batch.prepared.batched
+        self._accounting.on_published(
+            [(m.camera, published - m.captured, batched - m.enqueued) for m in messages],
+            published,
+        )
+
+    def _detection_message(
+        self,
+        batch: InferredBatch,
+        message: FrameMessage,
+        result: ImageDetections,
+        published: float,
+    ) -> DetectionMessage:
+        label = self._detector.info.label
+        detections = tuple(
+            Detection(tuple(float(v) for v in box), float(score), int(cls), label(int(cls)))
+            for box, score, cls in zip(result.boxes, result.scores, result.class_ids, strict=True)
+        )
+        return DetectionMessage(
+            camera=message.camera,
+            session=message.session,
+            seq=message.seq,
+            pts=message.pts,
+            width=message.width,
+            height=message.height,
+            batch_id=batch.prepared.batch_id,
+            batch_size=len(batch.prepared.frames),
+            detections=detections,
+            timestamps=Timestamps(
+                captured=message.captured,
+                enqueued=message.enqueued,
+                batched=batch.prepared.batched,
+                inferred=batch.inferred,
+                published=published,
+            ),
+        )

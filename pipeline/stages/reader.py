@@ -1,0 +1,272 @@
+"""The reader stage (the batch worker's own thread): ``XREADGROUP`` over every camera, each
+entry to the accounting and the batching policy, and, when the policy dispatches, each frame's
+pixels out of its transport (inline, JPEG or shared memory; a frame lost in transport drops
+with its cause) into a prepared batch (``Detector.prepare``) for the inferer.
+
+The reader alone touches the policy.  Whatever an entry reveals as dropped goes into the
+camera's ledger before the entry is acknowledged.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable
+
+import redis
+
+from detectors.detector import Detector
+from pipeline.accounting import Accounting
+from pipeline.batching import BatchPolicy, Dropped, Queued
+from pipeline.earlier_runs import EarlierRuns, claim_pending
+from pipeline.frame_acks import FrameAcks
+from pipeline.stages.batches import PendingFrame, PreparedBatch
+from pipeline.stages.inferer import InferenceMeter
+from pipeline.stages.lifecycle import Handoff, Lifecycle
+from streams.keys import FRAMES_GROUP, StreamKeys
+from streams.messages import EndOfStream, FrameMessage, message_kind
+from streams.redis_connect import is_nogroup
+from streams.transport import FrameDecoder, TransportLost
+
+log = logging.getLogger(__name__)
+
+IDLE_BLOCK_MS = 100
+
+
+class FrameReader:
+    def __init__(
+        self,
+        *,
+        lifecycle: Lifecycle,
+        redis_client: redis.Redis,
+        keys: StreamKeys,
+        cameras: list[str],
+        detector: Detector,
+        policy: BatchPolicy[PendingFrame],
+        accounting: Accounting,
+        acks: FrameAcks,
+        outbox: Handoff[PreparedBatch],
+        meter: InferenceMeter,
+        frame_decoder: FrameDecoder,
+        until_done: bool,
+        consumer_name: str,
+        since_ms: int,
+        clock: Callable[[], float] = time.time,
+    ):
+        """``since_ms``: Redis time at which this run began; older entries are an earlier run's."""
+        self._lifecycle = lifecycle
+        self._redis = redis_client
+        self._keys = keys
+        self._cameras = cameras
+        self._detector = detector
+        self._policy = policy
+        self._accounting = accounting
+        self._acks = acks
+        self._outbox = outbox
+        self._meter = meter
+        self._frames = frame_decoder
+        self._until_done = until_done
+        self._consumer = consumer_name
+        self._since_ms = since_ms
+        self._clock = clock
+        self._earlier_runs = EarlierRuns(
+            redis_client=redis_client, keys=keys, accounting=accounting
+        )
+        self._batch_ids = itertools.count()
+        # Start with this consumer's own pending entries (left by a crash), then new ones.
+        self._read_ids = {keys.frames(camera): "0" for camera in cameras}
+        self._camera_of = {keys.frames(camera): camera for camera in cameras}
+
+    def claim_pending(self) -> int:
+        """Take over the frames another consumer read and never acknowledged (a worker that
+        crashed, or had another name in an earlier run), so this worker's own pending read
+        sees them; returns how many were claimed.  Each camera has one worker at a time."""
+        claimed = 0
+        for key, camera in self._camera_of.items():
+            try:
+                taken, trimmed = claim_pending(self._redis, key, self._consumer)
+            except redis.ResponseError as exc:
+                if not is_nogroup(exc):
+                    raise
+                self._recreate_groups()  # Redis restarted empty while the model loaded
+                continue
+            claimed += taken
+            if trimmed:
+                self._earlier_runs.trimmed(camera)
+        return claimed
+
+    def run(self) -> None:
+        """Read until stopped, failed or (``until_done``) every camera ended; then dispatch
+        what the policy holds, and close the hand-off to the inferer."""
+        try:
+            self._read_loop()
+            for camera in self._earlier_runs.unsettled_cameras():  # no frame of this run came
+                holes = self._earlier_runs.settle(camera, set())
+                self._acks.acknowledge(self._keys.frames(camera), [], holes)
+        finally:
+            self._outbox.close()
+
+    def _read_loop(self) -> None:
+        policy, stop = self._policy, self._lifecycle.stop
+        while not self._lifecycle.failed:
+            for size, seconds in self._meter.samples():
+                policy.observe(size, seconds)
+            if stop.is_set() or (self._until_done and self._accounting.ended(self._cameras)):
+                # stopping, or nothing more can arrive: what was read is in flight, finish it
+                for batch in policy.flush():
+                    self._dispatch(batch)
+                return
+            now = self._clock()
+            idle = self._outbox.free  # the detector can take the next batch
+            busy_for = self._meter.busy_for(policy.service.estimate)
+            decision = policy.poll(now, idle=idle, start_delay_s=busy_for)
+            self._drop(decision.dropped)
+            if decision.batch:
+                self._dispatch(decision.batch)
+                continue
+            wake_at = decision.wake_at
+            block_s = IDLE_BLOCK_MS / 1000 if wake_at is None else max(wake_at - now, 0.001)
+            if policy.waiting and not idle:
+                # a batch waits for the detector: only its taking the prepared one lets us
+                # dispatch, so sleep until then, and read what arrived meanwhile at once
+                self._outbox.wait_taken(IDLE_BLOCK_MS / 1000)
+                block_ms = None
+            else:
+                block_ms = max(1, int(block_s * 1000))
+            # COUNT applies per stream: read only what cannot overflow the policy's queues
+            per_stream = (policy.queues.max_waiting - policy.waiting) // len(self._read_ids)
+            if per_stream >= 1:
+                self._read(count=per_stream, block_ms=block_ms)
+            elif block_ms is not None:
+                stop.wait(block_s)  # full and idle: only a policy that waits on the clock
+
+    def _read(self, *, count: int, block_ms: int | None) -> None:
+        """XREADGROUP over every camera; ``block_ms=None`` returns at once."""
+        try:
+            reply = self._redis.xreadgroup(
+                FRAMES_GROUP, self._consumer, self._read_ids, count=count, block=block_ms
+            )
+        except redis.ResponseError as exc:
+            if not is_nogroup(exc):
+                raise
+            self._recreate_groups()
+            return
+        dropped: list[Dropped[PendingFrame]] = []
+        for key, entries in reply or []:
+            key = key.decode()
+            if self._read_ids[key] != ">" and not entries:
+                self._read_ids[key] = ">"  # own pending history exhausted
+            for entry_id, fields in entries:
+                if self._read_ids[key] != ">":
+                    self._read_ids[key] = entry_id
+                dropped += self._receive(key, entry_id, fields)
+        self._drop(dropped)
+
+    def _recreate_groups(self) -> None:
+        """Redis restarted without its data: the streams and the group are gone.  Make the
+        group again from the start of each stream (decoders may have re-created a stream
+        already) and count the frames Redis lost at each camera's next gap."""
+        log.warning(
+            "Redis lost its data (a restart without persistence?): consumer group re-created; "
+            "frames it held are counted as redis_lost"
+        )
+        for key in self._read_ids:
+            try:
+                self._redis.xgroup_create(key, FRAMES_GROUP, id="0", mkstream=True)
+            except redis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+            self._read_ids[key] = ">"  # our pending list went with it
+        self._accounting.on_redis_lost(self._cameras)
+
+    def _receive(
+        self, key: str, entry_id: bytes, fields: dict[bytes, bytes]
+    ) -> list[Dropped[PendingFrame]]:
+        """Hand one entry to the accounting and the policy; returns what the policy shed."""
+        if not fields:  # a pending entry whose frame was trimmed: an earlier run's (ours
+            # are in memory), in flight when it died
+            self._earlier_runs.trimmed(self._camera_of[key])
+            self._acks.acknowledge(key, [entry_id])
+            return []
+        kind = message_kind(fields)
+        if int(entry_id.split(b"-")[0]) < self._since_ms:
+            # left by an earlier run (its last frames, its decoders' end entries): its own
+            # sessions, not this run's, so acknowledged and its frames counted apart
+            if kind == "end":
+                entries = self._earlier_runs.end(EndOfStream.from_fields(fields))
+            else:
+                camera, session = fields[b"camera"].decode(), fields.get(b"session", b"").decode()
+                entries = self._earlier_runs.frame(camera, session, int(fields[b"seq"]))
+            self._acks.acknowledge(key, [entry_id], entries)
+            return []
+        if kind == "end":
+            end = EndOfStream.from_fields(fields)
+            entries = self._accounting.on_end(
+                end.camera,
+                end.frames,
+                end.reason,
+                end.error,
+                end.decode_errors,
+                end.session,
+                end.redis_down,
+            )
+            self._acks.acknowledge(key, [entry_id], entries)
+            return []
+        frame = FrameMessage.from_fields(fields)
+        if self._earlier_runs.unsettled(frame.camera):
+            # this run's first frame: the earlier run's entries (older) are all read
+            holes = self._earlier_runs.settle(self._camera_of[key], {frame.session})
+            self._acks.acknowledge(key, [], holes)
+        gaps = self._accounting.on_received(
+            frame.camera, frame.seq, frame.session, frame.redis_down
+        )
+        if gaps is None:  # the same frame again: a decoder's XADD retried after a lost reply
+            self._acks.acknowledge(key, [entry_id])
+            return []
+        if gaps:
+            self._acks.acknowledge(key, [], gaps)
+        try:
+            # pixels kept outside Redis are copied out now: a frame may wait in the batching
+            # queue longer than its writer takes to come round its ring again
+            image = self._frames.detach(frame)
+        except TransportLost as exc:
+            entry = self._accounting.on_shed(frame.camera, exc.cause, frame.session, frame.seq)
+            self._acks.acknowledge(key, [entry_id], [entry])
+            return []
+        pending = PendingFrame(entry_id, frame, image)
+        return self._policy.add(frame.camera, frame.seq, frame.captured, pending, self._clock())
+
+    def _drop(self, dropped: list[Dropped[PendingFrame]]) -> None:
+        """Frames the policy shed (stale, superseded, overflow): counted, written to the ledger,
+        acknowledged and deleted."""
+        if not dropped:
+            return
+        pipe = self._acks.pipeline()
+        entries = []
+        for d in dropped:
+            message = d.frame.item.message
+            entries.append(
+                self._accounting.on_shed(message.camera, d.cause, message.session, message.seq)
+            )
+        self._acks.write_ledger(pipe, entries)
+        for d in dropped:
+            self._acks.ack_and_delete(
+                pipe, self._keys.frames(d.frame.camera), [d.frame.item.entry_id]
+            )
+        self._acks.execute(pipe)
+
+    def _dispatch(self, frames: list[Queued[PendingFrame]]) -> None:
+        batched = self._clock()
+        images, kept, lost = [], [], []
+        for q in frames:
+            try:
+                image = q.item.image
+                images.append(image if image is not None else self._frames.image(q.item.message))
+                kept.append(q)
+            except TransportLost as exc:  # counted, acknowledged and deleted like any drop
+                lost.append(Dropped(q, exc.cause))
+        self._drop(lost)
+        if kept:
+            tensor = self._detector.prepare(images)
+            self._outbox.put(PreparedBatch(next(self._batch_ids), kept, tensor, batched))

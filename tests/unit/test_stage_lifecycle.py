@@ -1,0 +1,93 @@
+"""The lifecycle the batch worker's stages share: hand-offs end when a stage dies, and the
+first failure is the one reported."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from pipeline.errors import EXIT_RUN_FAILED, RunFailed, StageFailed
+from pipeline.stages.inferer import InferenceMeter
+from pipeline.stages.lifecycle import Handoff, Lifecycle
+from pipeline.telemetry import Telemetry
+
+
+def test_items_pass_in_order_until_closed():
+    lifecycle = Lifecycle(threading.Event())
+    handoff: Handoff[int] = lifecycle.handoff()
+    received: list[int] = []
+    lifecycle.start("consume", lambda: received.extend(handoff))
+    for item in range(5):
+        handoff.put(item)
+    handoff.close()
+    lifecycle.join()
+    assert received == [0, 1, 2, 3, 4]
+    lifecycle.raise_failure()  # nothing failed: no error
+
+
+def test_a_put_waits_for_the_next_stage_and_holds_one_item():
+    lifecycle = Lifecycle(threading.Event())
+    handoff: Handoff[int] = lifecycle.handoff()
+    handoff.put(1)
+    assert not handoff.free
+    blocked = threading.Thread(target=handoff.put, args=(2,))
+    blocked.start()
+    blocked.join(0.3)
+    assert blocked.is_alive()  # the next stage has not taken the first item
+    items = iter(handoff)
+    assert next(items) == 1
+    blocked.join(2)
+    assert not blocked.is_alive() and next(items) == 2
+
+
+@pytest.mark.parametrize("waiting", ["put", "get"])
+def test_a_failed_stage_releases_every_waiting_stage(waiting: str):
+    class FailureTelemetry(Telemetry):
+        stages: list[str] = []
+
+        def stage_failed(self, stage, error):
+            self.stages.append(stage)
+
+    telemetry = FailureTelemetry()
+    lifecycle = Lifecycle(threading.Event(), telemetry)
+    handoff: Handoff[int] = lifecycle.handoff()
+    if waiting == "put":
+        handoff.put(0)  # full: the next put waits
+        lifecycle.start("wait", lambda: handoff.put(1))
+    else:
+        lifecycle.start("wait", lambda: list(handoff))
+
+    def die() -> None:
+        time.sleep(0.2)
+        raise RuntimeError("boom")
+
+    lifecycle.start("die", die)
+    started = time.monotonic()
+    lifecycle.join()
+    assert time.monotonic() - started < 2
+    with pytest.raises(StageFailed, match="batcher die stage failed: RuntimeError: boom"):
+        lifecycle.raise_failure()
+    assert telemetry.stages == ["die"]
+
+
+def test_the_first_failure_is_reported():
+    lifecycle = Lifecycle(threading.Event())
+    lifecycle.fail("publish", ConnectionError("first"))
+    lifecycle.fail("infer", RuntimeError("second"))
+    with pytest.raises(StageFailed, match="publish.*first") as info:
+        lifecycle.raise_failure()
+    assert isinstance(info.value, RunFailed) and info.value.exit_code == EXIT_RUN_FAILED
+    assert isinstance(info.value.__cause__, ConnectionError)
+
+
+def test_the_meter_says_how_long_the_running_batch_has_left():
+    meter = InferenceMeter()
+    assert meter.busy_for(lambda size: 1.0) == 0.0  # idle
+    meter.started(4)
+    left = meter.busy_for(lambda size: 0.25 * size)
+    assert 0.9 < left <= 1.0
+    seconds = meter.finished()
+    assert meter.busy_for(lambda size: 1.0) == 0.0
+    assert list(meter.samples()) == [(4, seconds)] and list(meter.samples()) == []
