@@ -116,13 +116,13 @@ class BatchWorker:
             clock=self._clock,
         )
         try:
-            reader.claim_pending()
-            lifecycle.start("infer", inferer.run)
-            lifecycle.start("publish", publisher.run)
             try:
+                reader.claim_pending()
+                lifecycle.start("infer", inferer.run)
+                lifecycle.start("publish", publisher.run)
                 reader.run()
             except BaseException as exc:  # noqa: BLE001 - the reader fails like any stage
-                lifecycle.fail("read", exc)
+                lifecycle.fail("read", exc)  # the stages started stop waiting
         finally:
             lifecycle.join()
             self._frames.close()

@@ -13,9 +13,12 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
+import redis
+
 from pipeline.errors import StageFailed
 from pipeline.telemetry import NO_TELEMETRY, Telemetry
 from streams.redis_connect import is_outage
+from streams.urls import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +42,13 @@ class Lifecycle:
 
     def fail(self, stage: str, error: BaseException) -> None:
         """Record a stage's death (the first one is reported)."""
+        if self._failure is None:
+            self._failure = (stage, error)  # first: the other stages stop waiting whatever follows
         # Redis away too long is said in one line by the command; anything else is a bug
         # whose traceback is wanted
-        trace = None if is_outage(error) else error
+        trace = None if is_redis_outage(error) else error
         log.error("batcher %s stage failed: %s", stage, _describe(error), exc_info=trace)
         self._telemetry.stage_failed(stage, error)
-        if self._failure is None:
-            self._failure = (stage, error)
 
     def start(self, stage: str, body: Callable[[], None]) -> None:
         """Run ``body`` on a thread of its own; its exception fails the lifecycle."""
@@ -74,7 +77,12 @@ class Lifecycle:
 
 
 def _describe(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"
+    return redact_url(f"{type(error).__name__}: {error}")
+
+
+def is_redis_outage(error: BaseException) -> bool:
+    """Redis unreachable, as opposed to any other timeout (a sink's disk, a backend)."""
+    return isinstance(error, redis.RedisError) and is_outage(error)
 
 
 class Handoff(Generic[T]):

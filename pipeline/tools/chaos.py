@@ -444,4 +444,8 @@ def main(args: argparse.Namespace) -> int:
     if args.output:
         Path(args.output).write_text(json.dumps(report.to_json(), indent=2))
     failed = report.unaccounted or report.survived < len(report.faults)
+    if failed or args.workdir:
+        print(f"daemon logs and Redis files: {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)  # a temp folder, nothing to look into
     return 1 if failed else 0

@@ -13,7 +13,7 @@ import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TextIO
 
 from pydantic import Field, ValidationInfo, field_validator
 
@@ -47,14 +47,34 @@ class JsonLinesSink:
     def write(self, messages: Sequence[DetectionMessage]) -> None:
         lines = "".join(json.dumps(message.to_json()) + "\n" for message in messages)
         with self._lock:
-            self._file.write(lines)
-            self._file.flush()
-            if self._fsync:
-                os.fsync(self._file.fileno())
+            start = self._file.tell()
+            try:
+                self._file.write(lines)
+                self._file.flush()
+                if self._fsync:
+                    os.fsync(self._file.fileno())
+            except OSError:
+                # a full disk may have taken half a batch: cut it, so the batch written again
+                # after the restart starts on a line of its own
+                self._file = _reopen_truncated(self._file, start)
+                raise
 
     def close(self) -> None:
         with self._lock:
             self._file.close()
+
+
+def _reopen_truncated(file: TextIO, size: int) -> TextIO:
+    """The file cut back to ``size`` bytes, opened again (its buffer may hold the failed
+    write, which closing would try to flush again)."""
+    path = file.name
+    try:
+        file.close()
+    except OSError:
+        pass  # the same full disk: what it could not write is being cut anyway
+    with open(path, "r+b") as raw:
+        raw.truncate(size)
+    return open(path, "a", encoding="utf-8")
 
 
 def open_sink(options: Options, context: SinkContext) -> JsonLinesSink:

@@ -61,3 +61,21 @@ def test_jsonl_appends_whole_batches_from_many_threads(tmp_path: Path):
 def test_jsonl_names_a_file_it_cannot_open(tmp_path: Path):
     with pytest.raises(SinkError, match="sink jsonl: cannot append to .*missing/d.jsonl"):
         JsonLinesSink(JsonLinesOptions(kind="jsonl", path=tmp_path / "missing" / "d.jsonl"))
+
+
+def test_jsonl_cuts_a_batch_the_disk_refused(tmp_path: Path, monkeypatch):
+    path = tmp_path / "d.jsonl"
+    sink = JsonLinesSink(JsonLinesOptions(kind="jsonl", path=path, fsync=True))
+    sink.write([message(0)])
+
+    def full_disk(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("streams.sinks.jsonl.os.fsync", full_disk)
+    with pytest.raises(OSError):
+        sink.write([message(1), message(2)])
+    monkeypatch.undo()
+    sink.write([message(1), message(2)])  # the batch again, as after a restart
+    sink.close()
+    ids = [json.loads(line)["frame_id"] for line in path.read_text().splitlines()]
+    assert ids == ["S:0", "S:1", "S:2"]

@@ -11,7 +11,7 @@ import pytest
 from pipeline.errors import EXIT_RUN_FAILED, RunFailed, StageFailed
 from pipeline.stages.inferer import InferenceMeter
 from pipeline.stages.lifecycle import Handoff, Lifecycle
-from pipeline.telemetry import Telemetry
+from pipeline.telemetry import GuardedTelemetry, Telemetry
 
 
 def test_items_pass_in_order_until_closed():
@@ -91,3 +91,28 @@ def test_the_meter_says_how_long_the_running_batch_has_left():
     seconds = meter.finished()
     assert meter.busy_for(lambda size: 1.0) == 0.0
     assert list(meter.samples()) == [(4, seconds)] and list(meter.samples()) == []
+
+
+def test_an_exporter_that_raises_loses_its_event_only(caplog):
+    class BrokenTelemetry(Telemetry):
+        def stage_failed(self, stage, error):
+            raise RuntimeError("exporter bug")
+
+        def frames_dropped(self, camera, cause, count):
+            raise RuntimeError("exporter bug")
+
+    lifecycle = Lifecycle(threading.Event(), GuardedTelemetry(BrokenTelemetry()))
+    lifecycle.fail("publish", ConnectionError("sink down"))
+    assert lifecycle.failed
+    telemetry = GuardedTelemetry(BrokenTelemetry())
+    for _ in range(3):
+        telemetry.frames_dropped("a", "stale", 1)
+    assert caplog.text.count("telemetry frames_dropped failed") == 1
+
+
+def test_a_redis_password_never_shows_in_a_stage_failure():
+    lifecycle = Lifecycle(threading.Event())
+    lifecycle.fail("publish", ValueError("cannot reach redis://:hunter2@db:6379/0"))
+    with pytest.raises(StageFailed) as info:
+        lifecycle.raise_failure()
+    assert "hunter2" not in str(info.value) and "redis://:***@db:6379/0" in str(info.value)
