@@ -36,6 +36,9 @@ class ModelInfo:
     class_names: tuple[str, ...]
     min_batch: int = 1
     max_batch: int | None = None  # None: no upper bound declared by the model
+    # takes images of any stride-aligned height and width (rectangular inference), not only
+    # input_width x input_height
+    any_size: bool = False
 
     def label(self, class_id: int) -> str:
         names = self.class_names

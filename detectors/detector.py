@@ -27,9 +27,10 @@ class Detector:
     def info(self) -> ModelInfo:
         return self.backend.info
 
-    def letterbox(self) -> Letterbox:
-        """The letterbox that produces this model's input."""
-        return Letterbox(width=self.info.input_width, height=self.info.input_height)
+    def letterbox(self, *, rect: bool = False) -> Letterbox:
+        """The letterbox that produces this model's input (``rect``: the minimum rectangle,
+        for a model that takes any size)."""
+        return Letterbox(width=self.info.input_width, height=self.info.input_height, rect=rect)
 
     def prepare(self, images: Sequence[np.ndarray]) -> Any:
         return self.backend.prepare(images)
@@ -51,9 +52,11 @@ class Detector:
         """All three stages for one batch of letterboxed images."""
         return self.postprocess(self.infer(self.prepare(images)), geometries)
 
-    def detect_frames(self, frames: Sequence[np.ndarray]) -> list[ImageDetections]:
+    def detect_frames(
+        self, frames: Sequence[np.ndarray], *, rect: bool = False
+    ) -> list[ImageDetections]:
         """Detect on original BGR frames (letterbox here): the reference, frame-by-frame path."""
-        letterbox = self.letterbox()
+        letterbox = self.letterbox(rect=rect)
         boxed = [letterbox(frame) for frame in frames]
         return self.detect([b.pixels for b in boxed], [b.geometry for b in boxed])
 

@@ -141,7 +141,11 @@ def _export_onnx(model: Any, example: Any, target: Path, facts: dict[str, Any]) 
         str(target),
         input_names=["images"],
         output_names=["output0"],
-        dynamic_axes={"images": {0: "batch"}, "output0": {0: "batch"}},
+        # batch, height and width dynamic: rectangular inference (model.rect) and any batch
+        dynamic_axes={
+            "images": {0: "batch", 2: "height", 3: "width"},
+            "output0": {0: "batch", 2: "anchors"},
+        },
         opset_version=ONNX_OPSET,
         dynamo=False,  # the TorchScript-based exporter: plain opset-17 graphs TensorRT parses
         do_constant_folding=True,

@@ -1,6 +1,8 @@
-"""Letterbox exactly as Ultralytics' ``LetterBox`` (rect=False): min-ratio scale, centred, pad 114.
+"""Letterbox exactly as Ultralytics' ``LetterBox``: min-ratio scale, centred, pad 114; to the
+full square (``rect=False``) or to the minimum stride-aligned rectangle (``rect=True``,
+Ultralytics' ``auto=True``: a 960×540 frame becomes 640×384 instead of 640×640).
 
-Matching it to the pixel is what lets framebatch reproduce ``YOLO.predict(..., rect=False)``.
+Matching it to the pixel is what lets framebatch reproduce ``YOLO.predict(..., rect=...)``.
 The decode workers run it (so only model-sized pixels travel through Redis) and the
 reference path of the detector runs the very same code.
 """
@@ -37,17 +39,35 @@ class Letterboxed:
 
 @dataclass(frozen=True)
 class Letterbox:
-    """Resize with unchanged aspect ratio and pad to ``height x width`` (picklable, stateless)."""
+    """Resize with unchanged aspect ratio and pad to ``height x width``, or with ``rect`` only
+    up to the next multiple of ``stride`` (picklable, stateless)."""
 
     width: int = 640
     height: int = 640
+    rect: bool = False
+    stride: int = 32
+
+    @property
+    def max_bytes(self) -> int:
+        """The size of the largest letterboxed frame (the full square)."""
+        return self.width * self.height * 3
+
+    def output_size(self, resized_w: int, resized_h: int) -> tuple[int, int]:
+        """Width and height of the letterboxed image of a frame resized to these."""
+        if not self.rect:
+            return self.width, self.height
+        return (
+            resized_w + (self.width - resized_w) % self.stride,
+            resized_h + (self.height - resized_h) % self.stride,
+        )
 
     def geometry(self, frame_width: int, frame_height: int) -> tuple[LetterboxGeometry, int, int]:
         """The geometry for a frame size, plus the resized (unpadded) width and height."""
         scale = min(self.height / frame_height, self.width / frame_width)
         resized_w, resized_h = int(round(frame_width * scale)), int(round(frame_height * scale))
-        half_dw = (self.width - resized_w) / 2
-        half_dh = (self.height - resized_h) / 2
+        out_w, out_h = self.output_size(resized_w, resized_h)
+        half_dw = (out_w - resized_w) / 2
+        half_dh = (out_h - resized_h) / 2
         # Ultralytics rounds (d - 0.1) for the left/top side so odd padding goes right/bottom.
         pad_x, pad_y = int(round(half_dw - 0.1)), int(round(half_dh - 0.1))
         return (
@@ -62,7 +82,8 @@ class Letterbox:
         geometry, resized_w, resized_h = self.geometry(frame_w, frame_h)
         if (resized_w, resized_h) != (frame_w, frame_h):
             image = cv2.resize(image, (resized_w, resized_h), interpolation=cv2.INTER_LINEAR)
-        out = np.full((self.height, self.width, 3), PAD_VALUE, dtype=np.uint8)
+        out_w, out_h = self.output_size(resized_w, resized_h)
+        out = np.full((out_h, out_w, 3), PAD_VALUE, dtype=np.uint8)
         out[
             geometry.pad_y : geometry.pad_y + resized_h, geometry.pad_x : geometry.pad_x + resized_w
         ] = image

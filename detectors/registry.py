@@ -66,6 +66,23 @@ def load_backend(
     return backend_class(name)(path, options)
 
 
+#: Backends that run rectangular batches (``model.rect``): their input may be any
+#: stride-aligned height x width when the model allows it.
+RECT_BACKENDS = ("onnxruntime",)
+
+
+def takes_any_size(path: Path, backend: str = "auto") -> bool:
+    """Whether the model takes images of any height and width with this backend, found
+    before the model is loaded (the decoders letterbox before the detector is ready)."""
+    name = backend_name_for(path, backend)
+    if name not in RECT_BACKENDS:
+        return False
+    check_model_file(path, name)
+    from detectors.onnx_backend import onnx_input_size
+
+    return onnx_input_size(path) == (None, None)
+
+
 # First bytes of the files each backend reads: a torch checkpoint or TorchScript module is a zip
 # archive; an ONNX model is a protobuf whose first field is ir_version (tag 0x08).
 _MAGIC: dict[str, tuple[bytes, str]] = {

@@ -29,6 +29,7 @@ class _CameraState:
     decoded: int = 0
     previous_run: int = 0  # frames an earlier run left behind: acknowledged, not this run's
     redis_down_seen: int = 0  # the session's count of frames shed while Redis was away
+    sampled_out: int = 0  # decoded, not taken (vid_stride, max_fps): outside decoded
     redis_lost: bool = False  # Redis lost its data: the next gap is that, not overflow
     received: int = 0
     processed: int = 0
@@ -140,12 +141,15 @@ class Accounting:
         decode_errors: int,
         session: str = "",
         redis_down: int = 0,
+        sampled_out: int = 0,
     ) -> list[LedgerEntry]:
         """The end of a decoder session: ``frames`` decoded (-1: unknown, it died), and
-        ``decode_errors`` more lost in decoding, which count as decoded and dropped.  Returns
-        the ledger entries: drops it revealed, then the session's end."""
+        ``decode_errors`` more lost in decoding, which count as decoded and dropped
+        (``sampled_out`` more were not taken, counted apart).  Returns the ledger entries:
+        drops it revealed, then the session's end."""
         with self._lock:
             state = self._state(camera)
+            state.sampled_out += sampled_out
             if session and session != state.session:
                 self._enter_session(state, session)  # none of its frames were read
             # the newest frames were trimmed (or shed, or lost) before the batcher read them
@@ -183,7 +187,7 @@ class Accounting:
         run's decoded nor its dropped frames."""
         with self._lock:
             self._state(camera).previous_run += count
-            self._telemetry.frames_dropped(camera, cause, count)
+            self._telemetry.frames_dropped(camera, "previous_run", count)
         return LedgerEntry(camera, session, "drop", first_seq, count, cause, self._clock())
 
     def on_shed(self, camera: str, cause: str, session: str = "", seq: int = -1) -> LedgerEntry:
@@ -248,6 +252,7 @@ class Accounting:
                         decoded=state.decoded,
                         processed=state.processed,
                         previous_run=state.previous_run,
+                        sampled_out=state.sampled_out,
                         dropped=dict(state.dropped),
                         end_reason=state.end_reason,
                         error=state.end_error,

@@ -16,7 +16,7 @@ from detectors.base import BackendOptions
 from detectors.detector import Detector
 from detectors.postprocess import Thresholds
 from detectors.preprocess import Letterbox
-from detectors.registry import load_backend
+from detectors.registry import load_backend, takes_any_size
 from pipeline.batching import BatchPolicy, CameraRules, make_policy
 from pipeline.config import CameraConfig, Config, ConfigError
 from streams.decode_worker import DecoderSpec
@@ -28,6 +28,26 @@ def queue_frames(config: Config) -> int:
     top of the batches being formed."""
     batching = config.batching
     return max(batching.max_queue_frames or 4 * batching.max_batch_size, 2 * len(config.cameras))
+
+
+FILE_JOB_MAX_WAIT_MS = 1000.0  # how long a file job's frame may wait for a fuller batch
+YOLO_STRIDE = 32  # YOLOv8's largest stride: a rectangular input is a multiple of it
+
+
+def frame_letterbox(config: Config) -> Letterbox:
+    """How the decoders letterbox frames: to the square model input, or with ``model.rect``
+    (by default where the model takes any height and width) to each frame's minimum
+    stride-aligned rectangle, as Ultralytics' ``predict(rect=True)`` does."""
+    model = config.model
+    any_size = takes_any_size(model.path, model.backend)
+    rect = any_size if model.rect is None else model.rect
+    if rect and not any_size:
+        raise ValueError(
+            f"model.rect is true but {model.path.name} takes {model.imgsz}x{model.imgsz} images "
+            "only with this backend: use an ONNX model with a dynamic height and width "
+            "(framebatch export --format onnx) or set model.rect: false"
+        )
+    return Letterbox(model.imgsz, model.imgsz, rect=rect, stride=YOLO_STRIDE)
 
 
 def load_detector(config: Config, device: str | None = None) -> Detector:
@@ -101,13 +121,20 @@ def batching_policy(config: Config, *, until_done: bool) -> BatchPolicy[Any]:
             decoder_spec(camera, default_backlog=1, until_done=until_done).backpressure is False
         )
         max_age = camera.max_frame_age_ms or batching.max_frame_age_ms
+        max_wait_ms = batching.max_wait_ms if camera.max_wait_ms is None else camera.max_wait_ms
+        max_wait_frames = camera.max_wait_frames or batching.max_wait_frames
+        if not droppable and camera.max_wait_ms is None:
+            # a file job's frames keep no freshness: they may wait for the batch that gives the
+            # most frames per second (bounded), not leave half-full after a frame interval
+            max_wait_ms, max_wait_frames = max(max_wait_ms, FILE_JOB_MAX_WAIT_MS), None
         return CameraRules(
             priority=camera.priority,
-            max_wait_frames=camera.max_wait_frames or batching.max_wait_frames,
-            max_wait_ms=batching.max_wait_ms if camera.max_wait_ms is None else camera.max_wait_ms,
+            max_wait_frames=max_wait_frames,
+            max_wait_ms=max_wait_ms,
             max_frame_age_ms=max_age if droppable else None,
             keep_latest=camera.keep_latest and droppable,
-            fps=camera.fps,
+            fps=sampled_fps(camera),
+            backlogged=not droppable,
         )
 
     return make_policy(
@@ -120,6 +147,14 @@ def batching_policy(config: Config, *, until_done: bool) -> BatchPolicy[Any]:
         target_utilisation=batching.target_utilisation,
         latency_target_ms=batching.latency_target_ms,
     )
+
+
+def sampled_fps(camera: CameraConfig) -> float | None:
+    """The rate at which a camera's frames reach the batcher, where the config says it (the
+    policy measures it otherwise; ``max_fps`` alone is only a bound)."""
+    if not camera.fps:
+        return None
+    return min(camera.fps / camera.vid_stride, camera.max_fps or camera.fps)
 
 
 def decoder_spec(camera: CameraConfig, *, default_backlog: int, until_done: bool) -> DecoderSpec:
@@ -136,6 +171,8 @@ def decoder_spec(camera: CameraConfig, *, default_backlog: int, until_done: bool
         backpressure=not live and (until_done or not realtime),
         max_backlog=camera.max_backlog or default_backlog,
         fps=camera.fps,
+        vid_stride=camera.vid_stride,
+        max_fps=camera.max_fps,
     )
 
 

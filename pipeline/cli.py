@@ -144,8 +144,14 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.peer:
+        from pipeline.tools.bench_peer import run_bench_peer
+
+        args.config = args.config or "configs/bench-peer.yaml"
+        return run_bench_peer(args)
     from pipeline.tools.bench import run_bench
 
+    args.config = args.config or "configs/bench.yaml"
     return run_bench(args)
 
 
@@ -292,7 +298,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser(
         "bench", help="measure the detector alone and the pipeline end to end"
     )
-    bench.add_argument("--config", default="configs/bench.yaml", help="pipeline config to replay")
+    bench.add_argument(
+        "--config",
+        help="pipeline config to replay (default configs/bench.yaml; with --peer "
+        "configs/bench-peer.yaml)",
+    )
+    bench.add_argument(
+        "--peer",
+        choices=["ultralytics"],
+        help="instead: framebatch against this peer on the same frames and model, "
+        "alternating rounds (needs the ultralytics extra)",
+    )
     bench.add_argument("--batch-sizes", default="1,4,8", help="detector-alone batch sizes")
     bench.add_argument("--repeats", type=int, default=5, help="timed batches per size and round")
     bench.add_argument(

@@ -36,7 +36,7 @@ from pipeline.config_errors import (
 )
 from pipeline.config_yaml import MAX_CONFIG_BYTES, StrictLoader, interpolate
 from streams.redis_connect import DEFAULT_RECONNECT_TIMEOUT_S
-from streams.sinks import default_sinks, sink_options_models
+from streams.sinks import DEFAULT_SINK, default_sinks, sink_options_models
 from streams.sources import MAX_FPS, MIN_FPS
 from streams.urls import is_live_url, redact_url, url_scheme
 
@@ -104,6 +104,12 @@ class ModelConfig(BaseModel):
         "auto", description="auto: by file suffix (.onnx, .torchscript, .pt, .engine)"
     )
     imgsz: int = Field(640, ge=32, le=4096, multiple_of=32, description="Input size in pixels")
+    rect: bool | None = Field(
+        None,
+        description="Rectangular inference: letterbox each frame to its minimum stride-aligned "
+        "rectangle (960x540 -> 640x384) and batch frames of one shape; unset: on when the model "
+        "takes any height and width (ONNX Runtime)",
+    )
     conf: Finite = Field(0.25, ge=0, le=1, description="Minimum detection confidence")
     iou: Finite = Field(0.45, gt=0, le=1, description="IoU threshold of non-maximum suppression")
     max_det: int = Field(300, ge=1, description="Most detections kept per frame")
@@ -221,6 +227,16 @@ class CameraConfig(BaseModel):
         None, ge=MIN_FPS, le=MAX_FPS, description="Override of the pacing / frame rate"
     )
     max_backlog: int | None = Field(None, ge=1, description="Frames queued before drop or block")
+    vid_stride: int = Field(
+        1, ge=1, le=1000, description="Detect on every n-th decoded frame (others: sampled_out)"
+    )
+    max_fps: Finite | None = Field(
+        None,
+        ge=MIN_FPS,
+        le=MAX_FPS,
+        description="Detect on at most this many frames a second of stream time "
+        "(others: sampled_out)",
+    )
     priority: int = Field(
         0, ge=0, le=9, description="Priority level; 0 is served first and shed last"
     )
@@ -307,6 +323,18 @@ class Config(BaseModel):
         description="Where detections go, each written before a frame is acknowledged "
         "(kinds: one per module in streams/sinks/); default: redis_streams",
     )
+
+    @model_validator(mode="after")
+    def _check_sinks(self) -> Config:
+        # a restart accounts for an earlier run's frames from the detections streams
+        # (pipeline/earlier_runs.py): without them published frames would count as lost
+        if not any(sink.kind == DEFAULT_SINK for sink in self.sinks):
+            message = (
+                f"must include {{kind: {DEFAULT_SINK}}}: the accounting of a run after a crash "
+                "reads the detections streams"
+            )
+            raise fail_at(type(self).__name__, [(("sinks",), message, None)])
+        return self
 
     @model_validator(mode="after")
     def _check_transport(self) -> Config:

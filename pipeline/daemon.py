@@ -27,6 +27,7 @@ from pipeline.builders import (
     batching_policy,
     check_run_mode,
     decoder_spec,
+    frame_letterbox,
     load_detector,
     shard_cameras,
     time_batches,
@@ -36,8 +37,9 @@ from pipeline.config import Config
 from pipeline.earlier_runs import drain
 from pipeline.errors import BadInput, FramebatchError, RedisUnavailable, RunFailed, StageFailed
 from pipeline.frame_acks import FrameAcks
+from pipeline.stages.lifecycle import is_redis_outage
 from pipeline.summary import RunSummary
-from pipeline.telemetry import NO_TELEMETRY, Telemetry
+from pipeline.telemetry import NO_TELEMETRY, GuardedTelemetry, Telemetry
 from streams.decode_worker import DecoderSpec, ProcessFlag, run_decoder_process
 from streams.embedded_redis import EmbeddedRedis, RedisServerError
 from streams.events import EventLog
@@ -120,13 +122,13 @@ class Pipeline:
             yield
         except FramebatchError as exc:
             cause = exc.__cause__
-            if isinstance(exc, StageFailed) and cause is not None and is_outage(cause):
+            if isinstance(exc, StageFailed) and cause is not None and is_redis_outage(cause):
                 raise self._redis_gone(cause) from cause
             raise
         except START_ERRORS as exc:
             if self.started:
                 raise
-            raise BadInput(str(exc)) from exc
+            raise BadInput(redact_url(str(exc))) from exc
         except redis.RedisError as exc:
             if is_outage(exc):
                 raise self._redis_gone(exc) from exc
@@ -160,10 +162,11 @@ class Pipeline:
             stack.callback(client.close)
             self._prepare_streams(client, keys)
             camera_ids = [camera.id for camera in self.config.cameras]
+            telemetry = GuardedTelemetry(self.telemetry)
             accounting = Accounting(
                 camera_ids,
                 max_batch_size=self.config.batching.max_batch_size,
-                telemetry=self.telemetry,
+                telemetry=telemetry,
             )
             sink = open_sinks(
                 self.config.sinks,
@@ -180,7 +183,7 @@ class Pipeline:
             since_ms = seconds * 1000 + micros // 1000  # stream entries older than this run
             # Decoders start first: their start-up overlaps the model load and warm-up.
             decoders_stop = ProcessFlag()  # a decoder killed while waiting cannot hang set()
-            letterbox = Letterbox(self.config.model.imgsz, self.config.model.imgsz)
+            letterbox = frame_letterbox(self.config)  # square, or rect where the model allows
             self._spawn_args = (letterbox, keys, decoders_stop)
             # shm rings: a decoder's ring outlives it until its frames are read or the batchers
             # have stopped (released); the rings of decoders that died are ours to remove
@@ -202,7 +205,7 @@ class Pipeline:
                 detector = self.detector_factory(self.config, device)
                 stack.callback(detector.close)
                 worker = self._batch_worker(
-                    client, keys, detector, accounting, sink, cameras, index, since_ms
+                    client, keys, detector, accounting, sink, telemetry, cameras, index, since_ms
                 )
                 batchers.append(
                     threading.Thread(
@@ -242,6 +245,7 @@ class Pipeline:
         detector: Detector,
         accounting: Accounting,
         sink: DetectionSink,
+        telemetry: Telemetry,
         cameras: list[str],
         index: int,
         since_ms: int,
@@ -260,7 +264,7 @@ class Pipeline:
             sink=sink,
             ledger_maxlen=self.config.redis.detections_maxlen,
             until_done=self.until_done,
-            telemetry=self.telemetry,
+            telemetry=telemetry,
             consumer_name=f"batcher-{index}",
             since_ms=since_ms,
             frame_decoder=FrameDecoder(host=self._host),
@@ -303,6 +307,7 @@ class Pipeline:
                 self._released,
                 os.getpid(),  # the decoder dies with this process, however it ends
                 self._reconnect_timeout_s,
+                letterbox.max_bytes,
             ),
             name=f"fb-decoder-{spec.camera}",
             daemon=True,

@@ -19,7 +19,8 @@ def percentile(sorted_values: Sequence[float], q: float) -> float | None:
 class CameraSummary:
     """One camera's frames: ``decoded`` (frames read from the source, those lost in decoding
     included) = ``processed`` + sum of ``dropped`` by cause + ``in_flight``.  ``previous_run``
-    frames were decoded by an earlier run and are outside that sum."""
+    frames were decoded by an earlier run, and ``sampled_out`` frames were decoded but not
+    taken (``vid_stride``, ``max_fps``); both are outside that sum."""
 
     camera: str
     decoded: int
@@ -30,6 +31,7 @@ class CameraSummary:
     latency_p50_s: float | None
     latency_p99_s: float | None
     previous_run: int = 0
+    sampled_out: int = 0
 
     @property
     def in_flight(self) -> int:
@@ -102,6 +104,7 @@ class RunSummary:
             status = f"{c.end_reason}: {c.error}" if c.error else (c.end_reason or "running")
             extra = f", in flight {c.in_flight}" if c.in_flight else ""
             extra += f" (+{c.previous_run} left by an earlier run)" if c.previous_run else ""
+            extra += f" (+{c.sampled_out} sampled out)" if c.sampled_out else ""
             lines.append(
                 f"  camera {c.camera}: decoded {c.decoded} = processed {c.processed} + "
                 f"dropped {dropped}{extra}; latency p50 {ms(c.latency_p50_s)} "

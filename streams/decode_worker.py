@@ -35,6 +35,7 @@ from streams.redis_connect import (
     connect,
     is_outage,
 )
+from streams.sampling import FrameSampler
 from streams.sources import SourceError, VideoSource
 from streams.transport import FrameEncoder, RawEncoder, TransportSpec, make_encoder
 from streams.urls import redact_url
@@ -105,6 +106,8 @@ class DecoderSpec:
     backpressure: bool  # wait for room instead of letting MAXLEN trim unread frames
     max_backlog: int
     fps: float | None = None  # overrides the container's frame rate for pacing
+    vid_stride: int = 1  # take every n-th decoded frame
+    max_fps: float | None = None  # take at most this many frames a second of stream time
     open_timeout_s: float = 5.0
     read_timeout_s: float = 5.0
     reconnect_initial_s: float = 0.5
@@ -144,6 +147,8 @@ class DecodeWorker:
         self.seq = 0
         self.decode_errors = 0
         self.redis_down = 0  # frames shed while Redis was unreachable (their seq is used up)
+        self.sampled_out = 0  # decoded frames not taken (vid_stride, max_fps): no seq
+        self._sampler = FrameSampler(vid_stride=spec.vid_stride, max_fps=spec.max_fps)
         self._redis_retry_at = 0.0  # while Redis is away, frames before this shed untried
         self._redis_backoff_s = REDIS_RETRY_MIN_S
         self._room = 0  # frames that may still be added before asking XLEN again
@@ -190,6 +195,7 @@ class DecodeWorker:
             self.decode_errors,
             session=self.session,
             redis_down=self.redis_down,
+            sampled_out=self.sampled_out,
         )
         pipe = self._redis.pipeline(transaction=False)
         pipe.xadd(self._stream_key, end.to_fields())
@@ -200,16 +206,20 @@ class DecodeWorker:
 
     def _publish_frames(self, source: VideoSource, stop: StopSignal) -> None:
         fps = self.spec.fps or source.fps or 30.0
-        started, first_seq = self._clock(), self.seq
-        for decoded in source.frames():
+        started = self._clock()
+        for index, decoded in enumerate(source.frames()):
             if stop.is_set():
                 return
             if self.spec.realtime:
-                due = started + (self.seq - first_seq) / fps
+                due = started + index / fps  # paced by decoded frames, taken or not
                 delay = due - self._clock()
                 if delay > 0 and stop.wait(delay):
                     return
             captured = self._clock()
+            stream_time = decoded.pts if decoded.pts is not None else captured
+            if not self._sampler.take(stream_time):
+                self.sampled_out += 1
+                continue
             if self._sheds and captured < self._redis_retry_at:
                 self._shed_for_redis()  # Redis is away: the freshest frames matter, not these
                 continue
@@ -317,8 +327,10 @@ def run_decoder_process(
     released: StopSignal | None = None,
     parent_pid: int | None = None,
     reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S,
+    max_frame_bytes: int | None = None,
 ) -> None:
     """Process entry point: the parent coordinates shutdown, so SIGINT is ignored here.
+    ``max_frame_bytes``: the largest prepared frame (sizes a shm ring's slots).
 
     With the shm transport the ring lives until the batcher has read this camera's frames, or
     until the parent sets ``released`` (its batcher has stopped); then it is unlinked.  With
@@ -338,6 +350,7 @@ def run_decoder_process(
         camera=spec.camera,
         max_backlog=spec.max_backlog,
         pid=os.getpid(),
+        max_frame_bytes=max_frame_bytes,
     )
     orphaned = redis_gone = False
     try:

@@ -197,6 +197,7 @@ class EndOfStream:
     decode_errors: int = 0  # frames lost in decoding (packets that gave no frame)
     session: str = ""
     redis_down: int = 0  # of ``frames``: shed while Redis was unreachable
+    sampled_out: int = 0  # decoded frames not taken (vid_stride, max_fps): not in ``frames``
 
     def to_fields(self) -> dict[str, str | int]:
         return {
@@ -209,6 +210,7 @@ class EndOfStream:
             "error": self.error,
             "decode_errors": self.decode_errors,
             "redis_down": self.redis_down,
+            "sampled_out": self.sampled_out,
         }
 
     @classmethod
@@ -222,6 +224,7 @@ class EndOfStream:
             decode_errors=int(fields.get(b"decode_errors", b"0")),
             session=_session(fields),
             redis_down=int(fields.get(b"redis_down", b"0")),
+            sampled_out=int(fields.get(b"sampled_out", b"0")),
         )
 
 

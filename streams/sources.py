@@ -9,7 +9,6 @@ fast; a demuxer that ends quietly on a live source is reported as a disconnect b
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from fractions import Fraction
 
 import av
@@ -31,10 +30,23 @@ class SourceError(Exception):
     """A source could not be opened or read; the message names the camera, never a password."""
 
 
-@dataclass(frozen=True)
 class DecodedFrame:
-    image: np.ndarray  # HxWx3 uint8 BGR
-    pts: float | None  # seconds
+    """A decoded frame; converted to BGR only when ``image`` is first asked for, so a frame
+    sampled out or shed never pays for the conversion."""
+
+    __slots__ = ("_frame", "_image", "pts")
+
+    def __init__(self, frame: av.VideoFrame | np.ndarray, pts: float | None):
+        self._frame = frame
+        self._image: np.ndarray | None = frame if isinstance(frame, np.ndarray) else None
+        self.pts = pts  # seconds
+
+    @property
+    def image(self) -> np.ndarray:
+        """HxWx3 uint8 BGR."""
+        if self._image is None:
+            self._image = self._frame.to_ndarray(format="bgr24")
+        return self._image
 
 
 class VideoSource:
@@ -99,7 +111,7 @@ class VideoSource:
                         if frame.pts is not None and time_base
                         else None
                     )
-                    yield DecodedFrame(frame.to_ndarray(format="bgr24"), pts)
+                    yield DecodedFrame(frame, pts)
             self._drained = True
         except (av.error.FFmpegError, OSError) as exc:
             raise self._error("read failed", exc) from None

@@ -166,9 +166,13 @@ class ShmEncoder:
         slots: int,
         host: str,
         directory: Path = SHM_DIR,
+        slot_bytes: int | None = None,
     ):
+        """``slot_bytes``: the largest frame to expect (rectangular letterboxing changes the
+        size with the source's aspect); unset: the first frame's size."""
         self.name = name  # the segment's file name
         self._slots = slots
+        self._slot_bytes = slot_bytes
         self._host = host
         self._directory = directory
         self._ring: ShmRing | None = None
@@ -186,7 +190,7 @@ class ShmEncoder:
                 self._ring = ShmRing(
                     self.name,
                     slots=self._slots,
-                    slot_bytes=pixels.nbytes,
+                    slot_bytes=max(self._slot_bytes or 0, pixels.nbytes),
                     host=self._host,
                     directory=self._directory,
                 )
@@ -211,6 +215,7 @@ def make_encoder(
     camera: str,
     max_backlog: int,
     pid: int,
+    max_frame_bytes: int | None = None,
 ) -> FrameEncoder:
     """The encoder of one decode worker; shm falls back to raw when Redis is on another host
     (the batcher may run there, where this machine's shared memory is out of reach)."""
@@ -223,6 +228,7 @@ def make_encoder(
                 slots=spec.ring_slots(max_backlog),
                 host=host_id(),
                 directory=Path(spec.shm_dir),
+                slot_bytes=max_frame_bytes,
             )
         log.warning(
             "camera %r: transport shm needs Redis on this host (a unix socket or loopback "

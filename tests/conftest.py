@@ -15,6 +15,8 @@ from streams.embedded_redis import EmbeddedRedis, free_tcp_port
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ASSETS = REPO_ROOT.parent / "shared" / "assets"
 MODEL = ASSETS / "models" / "yolov8n_fp32_dynbatch.onnx"
+#: The same weights exported by Ultralytics with a dynamic height and width (rect inference).
+MODEL_ANY_SIZE = ASSETS / "models" / "yolov8n-coco_ultralytics_dynamic.onnx"
 VIDEOS = ASSETS / "videos"
 REFERENCE = ASSETS / "reference" / "yolov8n_fp32_detections.json"
 SAMPLE_CLIPS = REPO_ROOT / "samples" / "clips"

@@ -21,6 +21,7 @@ before inference, and the time by which it wants to be polled again.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -196,7 +197,12 @@ class AdaptivePolicy(BatchPolicy[T]):
         rate = self.queues.arrival_rate(now)
         sizes = range(1, self.max_batch_size + 1)
         raw = next((b for b in sizes if self.keeps_up(b, rate)), None)
-        if raw is None:  # nothing keeps up: the smallest batch with (nearly) the best throughput
+        if rate == math.inf:
+            # a file job's backlog: throughput is all that counts, and full batches never have
+            # less of it (t(b) = a + c·b, a >= 0); the efficient size would follow a model fed
+            # only the sizes it chose, which on a busy CPU can settle on batches of one
+            raw = self.max_batch_size
+        elif raw is None:  # nothing keeps up: the smallest batch with (nearly) the best throughput
             raw = self.efficient_size()
         # engine-friendly sizes, except at low load, where one frame alone keeps up
         snapped = raw if raw == 1 else next((p for p in self.preferred if p >= raw), raw)
@@ -229,7 +235,7 @@ class AdaptivePolicy(BatchPolicy[T]):
     def wake_at(self, now: float) -> float | None:
         deadline = self.queues.earliest_dispatch_by()
         rate = self.queues.arrival_rate(now)
-        if rate > 0:
+        if 0 < rate < math.inf:  # a backlog: the next frames come when they come
             expected = now + (self.target - self.waiting) / rate
             deadline = expected if deadline is None else min(deadline, expected)
         return deadline

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,6 +38,9 @@ class CameraRules:
     max_frame_age_ms: float | None = None  # freshness deadline from capture (live sources)
     keep_latest: bool = False  # only the newest frame matters: older queued ones are dropped
     fps: float | None = None  # prior for the frame rate until it is measured
+    # a file job paced by backpressure: its frames come as fast as they are taken, so its
+    # measured rate says nothing of its demand (which is: as many as the detector can take)
+    backlogged: bool = False
 
 
 @dataclass(frozen=True)
@@ -126,13 +130,14 @@ class FrameQueues(Generic[T]):
         return state
 
     def arrival_rate(self, now: float) -> float:
-        """Frames per second arriving from cameras heard from recently (measured rates)."""
+        """Frames per second arriving from cameras heard from recently (measured rates);
+        infinite while a backlogged file job is among them."""
         if self._rate is None or not 0 <= now - self._rate[0] < RATE_REFRESH_S:
-            rate = sum(
-                state.fps or 0.0
-                for state in self._cameras.values()
-                if now - state.last_arrived <= IDLE_CAMERA_S
-            )
+            recent = [s for s in self._cameras.values() if now - s.last_arrived <= IDLE_CAMERA_S]
+            if any(state.rules.backlogged for state in recent):
+                rate = math.inf
+            else:
+                rate = sum(state.fps or 0.0 for state in recent)
             self._rate = (now, rate)
         return self._rate[1]
 

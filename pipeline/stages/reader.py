@@ -210,6 +210,7 @@ class FrameReader:
                 end.decode_errors,
                 end.session,
                 end.redis_down,
+                end.sampled_out,
             )
             self._acks.acknowledge(key, [entry_id], entries)
             return []
@@ -267,6 +268,13 @@ class FrameReader:
             except TransportLost as exc:  # counted, acknowledged and deleted like any drop
                 lost.append(Dropped(q, exc.cause))
         self._drop(lost)
-        if kept:
-            tensor = self._detector.prepare(images)
-            self._outbox.put(PreparedBatch(next(self._batch_ids), kept, tensor, batched))
+        # Rectangular letterboxing gives each source aspect its own shape: frames of one shape
+        # run together (padding a mixed batch to a common shape would change a frame's
+        # detections with its batch-mates).
+        by_shape: dict[tuple[int, ...], list[int]] = {}
+        for index, image in enumerate(images):
+            by_shape.setdefault(image.shape, []).append(index)
+        for indices in by_shape.values():
+            tensor = self._detector.prepare([images[i] for i in indices])
+            frames_of_shape = [kept[i] for i in indices]
+            self._outbox.put(PreparedBatch(next(self._batch_ids), frames_of_shape, tensor, batched))

@@ -503,3 +503,14 @@ def test_what_a_restarted_redis_lost_is_the_next_gap() -> None:
     accounting.on_received("b", 3, "B")  # a later gap is overflow again
     assert camera_summary(accounting, "a").dropped == {"redis_lost": 3}
     assert camera_summary(accounting, "b").dropped == {"overflow": 1}
+
+
+def test_frames_sampled_out_are_counted_apart_from_decoded() -> None:
+    accounting = Accounting(["a"], clock=FakeClock())
+    for seq in range(4):
+        accounting.on_received("a", seq, "S")
+    accounting.on_end("a", 5, "eof", "", 0, "S", sampled_out=10)
+    summary = camera_summary(accounting, "a")
+    assert (summary.decoded, summary.sampled_out) == (5, 10)
+    assert summary.dropped == {"overflow": 1}
+    assert "(+10 sampled out)" in accounting.summary().format()

@@ -6,6 +6,7 @@ queues themselves (windows, fairness, bounds) are ``test_batching_queues.py``'s 
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Any
 
@@ -822,3 +823,34 @@ def test_freshness_counts_the_wait_for_the_batch_ahead(start_delay_s: float, dro
     decision = policy.poll(0.0, start_delay_s=start_delay_s)
     assert [d.frame.item for d in decision.dropped] == dropped
     assert items(decision.batch) == ([] if dropped else ["live0"])
+
+
+# --- file jobs paced by backpressure ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("backlogged", "waiting", "dispatched", "wake_at"),
+    [
+        # a file job's measured rate follows the detector: it says nothing of its demand, so
+        # the policy waits for a full batch inside the window, and sleeps until a frame comes
+        # or the window closes instead of polling
+        (True, 1, 0, 1.0),
+        (True, 7, 0, 1.0),
+        (True, 8, 8, None),
+        # a live camera at the same measured rate: one frame alone keeps up, at once
+        (False, 1, 1, None),
+    ],
+)
+def test_a_backlogged_file_job_waits_for_the_efficient_batch(
+    backlogged: bool, waiting: int, dispatched: int, wake_at: float | None
+) -> None:
+    rules = CameraRules(max_wait_frames=None, max_wait_ms=1000, fps=4.0, backlogged=backlogged)
+    policy = build(AdaptivePolicy, 8, default_rules=rules, service=fitted(0.02, 0.04))
+    policy.add("file", 0, 0.0, "warm", 0.0)  # heard from: its rate counts
+    policy.queues.take(1)
+    assert policy.efficient_size() == 7  # smaller than the full batch it waits for
+    fill(policy, [("file", 0.0)] * waiting)
+    decision = policy.poll(0.0)
+    assert len(decision.batch) == dispatched
+    assert decision.wake_at == wake_at
+    assert (policy.queues.arrival_rate(0.0) == math.inf) is backlogged

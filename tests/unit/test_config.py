@@ -287,7 +287,8 @@ INVALID = [
     (
         camera(url="rtsp://c/s", colour="red"),
         "cameras[0]: unknown key 'colour' (expected one of: id, url, realtime, loop, fps, "
-        "max_backlog, priority, max_wait_frames, max_wait_ms, max_frame_age_ms, keep_latest)",
+        "max_backlog, vid_stride, max_fps, priority, max_wait_frames, max_wait_ms, "
+        "max_frame_age_ms, keep_latest)",
     ),
     # missing / empty / wrong shape
     (without(MINIMAL, "model"), "model: required"),
@@ -448,6 +449,11 @@ INVALID = [
         "sinks[1].fsync: must be true or false (got string)",
     ),
     (merged(MINIMAL, {"sinks": []}), "sinks: must not be empty"),
+    (
+        merged(MINIMAL, {"sinks": [{"kind": "jsonl", "path": "d.jsonl"}]}),
+        "sinks: must include {kind: redis_streams}: the accounting of a run after a crash "
+        "reads the detections streams",
+    ),
     (merged(MINIMAL, {"sinks": ["jsonl"]}), "sinks[0]: must be a mapping (got string)"),
 ]
 

@@ -156,3 +156,34 @@ def test_output_is_contiguous_and_owned() -> None:
     out = Letterbox()(image).pixels
     assert out.flags["C_CONTIGUOUS"]
     assert not np.shares_memory(out, image)
+
+
+@pytest.mark.parametrize("rect", [False, True], ids=["square", "rect"])
+@pytest.mark.parametrize(("width", "height"), FRAME_SIZES)
+def test_pixels_equal_ultralytics_letterbox(width: int, height: int, rect: bool) -> None:
+    """Pixel for pixel what Ultralytics' own ``LetterBox`` (auto = rect) makes."""
+    augment = pytest.importorskip("ultralytics.data.augment", reason="the ultralytics extra")
+    image = frame(width, height, seed=width)
+    expected = augment.LetterBox((640, 640), auto=rect, stride=32)(image=image.copy())
+    result = Letterbox(640, 640, rect=rect)(image)
+    assert result.pixels.shape == expected.shape
+    np.testing.assert_array_equal(result.pixels, expected)
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "shape"),
+    [  # (width, height) of the letterboxed image with rect, 640 and stride 32
+        (1920, 1080, (640, 384)),
+        (960, 540, (640, 384)),
+        (768, 432, (640, 384)),
+        (640, 640, (640, 640)),
+        (100, 1000, (64, 640)),
+        (641, 479, (640, 480)),
+        (33, 17, (640, 352)),
+    ],
+)
+def test_rect_pads_to_the_next_multiple_of_the_stride(width, height, shape) -> None:
+    letterbox = Letterbox(640, 640, rect=True)
+    out = letterbox(frame(width, height)).pixels
+    assert (out.shape[1], out.shape[0]) == shape
+    assert out.nbytes <= letterbox.max_bytes

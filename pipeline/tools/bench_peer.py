@@ -1,0 +1,166 @@
+"""``framebatch bench --peer ultralytics``: framebatch against Ultralytics' multi-stream
+predict on the same frames and model, in alternating rounds (this machine is noisy: medians and
+the ratio of each round's pair are what count).
+
+* framebatch: ``framebatch run CONFIG --until-done`` in a process of its own (its private
+  redis-server included); frames/s = frames processed / wall time of the process, start-up
+  and model load included, and over the processing window (first to last publish).
+* the peer: ``YOLO(model).predict(source=<one line per camera>.streams, stream=True,
+  stream_buffer=True)`` in a process of its own, the way its docs show multi-stream inference;
+  the same wall time and the window from its first to its last result.
+
+Each side's detections are counted, so a faster side that finds less would show.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.config import Config, ConfigError, load_config
+from streams.sinks.jsonl import Options as JsonLinesOptions
+
+log = logging.getLogger("framebatch.bench")
+
+EXIT_OK, EXIT_BAD_INPUT = 0, 2
+
+# Run in a fresh interpreter: the peer's multi-stream predict, its frames/s and detections.
+PEER_SCRIPT = r"""
+import json, sys, time
+started = time.perf_counter()
+from ultralytics import YOLO
+streams, model_path, imgsz, conf, iou = sys.argv[1:6]
+model = YOLO(model_path, task="detect")
+frames = boxes = 0
+first = last = None
+for result in model.predict(source=streams, stream=True, stream_buffer=True, imgsz=int(imgsz),
+                            conf=float(conf), iou=float(iou), verbose=False):
+    last = time.perf_counter()
+    first = first or last
+    frames += 1
+    boxes += len(result.boxes)
+print(json.dumps({"frames": frames, "detections": boxes, "wall_s": time.perf_counter() - started,
+                  "window_s": (last - first) if frames > 1 else 0.0}))
+"""
+
+
+def run_peer(config: Config, workdir: Path) -> dict[str, Any]:
+    streams = workdir / "cameras.streams"
+    streams.write_text("".join(f"{camera.url}\n" for camera in config.cameras))
+    model = config.model
+    command = [
+        sys.executable,
+        "-c",
+        PEER_SCRIPT,
+        str(streams),
+        str(model.path),
+        str(model.imgsz),
+        str(model.conf),
+        str(model.iou),
+    ]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the peer failed: {proc.stderr.strip().splitlines()[-1:]}")
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    figures["fps_wall"] = figures["frames"] / figures["wall_s"]
+    figures["fps_window"] = figures["frames"] / figures["window_s"]
+    return figures
+
+
+def run_framebatch(config: Config, workdir: Path) -> dict[str, Any]:
+    """The configured run, with a JSON Lines sink added to count its detections."""
+    lines = workdir / "detections.jsonl"
+    sinks = [*config.sinks, JsonLinesOptions(kind="jsonl", path=lines)]
+    config_path = workdir / "config.yaml"
+    config_path.write_text(
+        yaml.safe_dump(config.model_copy(update={"sinks": sinks}).model_dump(mode="json"))
+    )
+    summary_path = workdir / "summary.json"
+    command = [sys.executable, "-m", "pipeline.cli", "run", str(config_path), "--until-done"]
+    command += ["--summary-json", str(summary_path)]
+    started = time.perf_counter()
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    wall_s = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise RuntimeError(f"framebatch failed: {proc.stderr.strip().splitlines()[-1:]}")
+    summary = json.loads(summary_path.read_text())
+    messages = [json.loads(line) for line in lines.read_text().splitlines()]
+    return {
+        "frames": summary["processed"],
+        "dropped": sum(summary["dropped"].values()),
+        "detections": sum(len(m["detections"]) for m in messages),
+        "wall_s": wall_s,
+        "window_s": summary["processing_s"],
+        "fps_wall": summary["processed"] / wall_s,
+        "fps_window": summary["processed"] / summary["processing_s"],
+        "mean_batch_size": summary["mean_batch_size"],
+    }
+
+
+def run_bench_peer(args: argparse.Namespace) -> int:
+    if args.peer != "ultralytics":
+        print(f"framebatch bench: unknown peer {args.peer!r} (known: ultralytics)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        import ultralytics  # noqa: F401 - only to say what to install
+    except ImportError:
+        print(
+            "framebatch bench --peer ultralytics needs the optional extra: "
+            "pip install 'framebatch[ultralytics]'",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
+    config_path = Path(args.config)
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_BAD_INPUT
+    rounds = []
+    with tempfile.TemporaryDirectory(prefix="framebatch-bench-peer-") as tmp:
+        for number in range(1, args.rounds + 1):
+            pair = {}
+            for side in (
+                ("framebatch", "ultralytics") if number % 2 else ("ultralytics", "framebatch")
+            ):
+                log.info("round %d/%d: %s", number, args.rounds, side)
+                workdir = Path(tmp) / f"{side}-{number}"
+                workdir.mkdir()
+                if side == "framebatch":
+                    pair[side] = run_framebatch(config, workdir)
+                else:
+                    pair[side] = run_peer(config, workdir)
+                log.info("  %s", json.dumps(pair[side]))
+            pair["ratio_wall"] = pair["framebatch"]["fps_wall"] / pair["ultralytics"]["fps_wall"]
+            pair["ratio_window"] = (
+                pair["framebatch"]["fps_window"] / pair["ultralytics"]["fps_window"]
+            )
+            rounds.append(pair)
+    report = {
+        "command": shlex.join(sys.argv),
+        "config": str(config_path),
+        "rounds": rounds,
+        "median": {
+            key: statistics.median(r[key] for r in rounds) for key in ("ratio_wall", "ratio_window")
+        }
+        | {
+            f"{side}_{key}": statistics.median(r[side][key] for r in rounds)
+            for side in ("framebatch", "ultralytics")
+            for key in ("fps_wall", "fps_window")
+        },
+    }
+    print(json.dumps(report["median"], indent=2))
+    if args.output:
+        Path(args.output).write_text(json.dumps(report, indent=2))
+    return EXIT_OK
