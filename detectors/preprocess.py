@@ -61,6 +61,12 @@ class Letterbox:
             resized_h + (self.height - resized_h) % self.stride,
         )
 
+    def shape_for(self, frame_width: int, frame_height: int) -> tuple[int, int]:
+        """(height, width) of the letterboxed image of a frame of this size."""
+        _, resized_w, resized_h = self.geometry(frame_width, frame_height)
+        out_w, out_h = self.output_size(resized_w, resized_h)
+        return out_h, out_w
+
     def geometry(self, frame_width: int, frame_height: int) -> tuple[LetterboxGeometry, int, int]:
         """The geometry for a frame size, plus the resized (unpadded) width and height."""
         scale = min(self.height / frame_height, self.width / frame_width)

@@ -97,12 +97,19 @@ def shard_cameras(cameras: list[str], workers: int) -> list[list[str]]:
     return [cameras[index::workers] for index in range(workers)]
 
 
-def time_batches(detector: Detector, sizes: set[int]) -> list[tuple[int, float]]:
-    """One timed inference per batch size (after warm-up): seeds the policy's service model."""
+def time_batches(
+    detector: Detector, sizes: set[int], letterbox: Letterbox | None = None
+) -> list[tuple[int, float]]:
+    """One timed inference per batch size (after warm-up): seeds the policy's service model.
+    With a rectangular ``letterbox`` the batches are of a 16:9 source's shape (640x384 at
+    640), the common camera's, rather than the square the model would otherwise be timed at."""
     info = detector.info
+    height, width = info.input_height, info.input_width
+    if letterbox is not None and letterbox.rect:
+        height, width = letterbox.shape_for(1920, 1080)
     samples = []
     for size in sorted(sizes):
-        blank = [np.full((info.input_height, info.input_width, 3), 114, np.uint8)] * size
+        blank = [np.full((height, width, 3), 114, np.uint8)] * size
         prepared = detector.prepare(blank)
         started = time.perf_counter()
         detector.infer(prepared)

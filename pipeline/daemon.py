@@ -184,6 +184,7 @@ class Pipeline:
             # Decoders start first: their start-up overlaps the model load and warm-up.
             decoders_stop = ProcessFlag()  # a decoder killed while waiting cannot hang set()
             letterbox = frame_letterbox(self.config)  # square, or rect where the model allows
+            self._letterbox = letterbox
             self._spawn_args = (letterbox, keys, decoders_stop)
             # shm rings: a decoder's ring outlives it until its frames are read or the batchers
             # have stopped (released); the rings of decoders that died are ours to remove
@@ -252,7 +253,8 @@ class Pipeline:
     ) -> BatchWorker:
         """One detector worker over its share of the cameras, its policy seeded with t(b)."""
         policy = batching_policy(self.config, until_done=self.until_done)
-        for size, seconds in time_batches(detector, {1, self.config.batching.max_batch_size}):
+        sizes = {1, self.config.batching.max_batch_size}
+        for size, seconds in time_batches(detector, sizes, self._letterbox):
             policy.observe(size, seconds)  # the policy knows t(b) before the first frame
         return BatchWorker(
             redis_client=client,

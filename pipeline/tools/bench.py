@@ -16,6 +16,7 @@ import shlex
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import astuple
 from pathlib import Path
@@ -28,7 +29,7 @@ import redis
 
 from detectors.detector import Detector
 from detectors.preprocess import Letterbox, Letterboxed
-from pipeline.builders import check_run_mode, load_detector
+from pipeline.builders import check_run_mode, frame_letterbox, load_detector
 from pipeline.config import Config, ConfigError, load_config
 from pipeline.daemon import Pipeline
 from pipeline.tools.bench_report import format_report
@@ -119,6 +120,14 @@ def decode_clips(config: Config, letterbox: Letterbox) -> tuple[list[dict], list
         figures = {"frames": frames, "decode_s": decode_s, "letterbox_s": letterbox_s}
         clips.append({"camera": camera.id, "size": f"{width}x{height}", **figures})
     return clips, pool
+
+
+def same_shape(pool: list[Letterboxed]) -> list[Letterboxed]:
+    """The frames of the most common shape (rectangular letterboxing gives each source aspect
+    its own; a batch holds one)."""
+    shapes = Counter(boxed.pixels.shape for boxed in pool)
+    common = shapes.most_common(1)[0][0] if shapes else None
+    return [boxed for boxed in pool if boxed.pixels.shape == common]
 
 
 def time_detector(detector: Detector, pool: list[Letterboxed], size: int, repeats: int) -> dict:
@@ -299,7 +308,10 @@ def run_bench(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     data.update(config=str(args.config), imgsz=config.model.imgsz, repeats=args.repeats, rounds=[])
     try:
-        data["clips"], pool = decode_clips(config, detector.letterbox())
+        # the decoders' letterbox: rectangular where the model allows (model.rect)
+        data["clips"], pool = decode_clips(config, frame_letterbox(config))
+        pool = same_shape(pool)
+        data["input_shape"] = list(pool[0].pixels.shape[:2]) if pool else None
         for number in range(1, args.rounds + 1):
             log.info("round %d/%d: detector alone, batch sizes %s", number, args.rounds, sizes)
             alone = {str(b): time_detector(detector, pool, b, args.repeats) for b in sizes}

@@ -8,6 +8,7 @@ frame alone, and Ultralytics' own ``predict(rect=True)``.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import av
@@ -163,3 +164,35 @@ def test_detections_equal_ultralytics_predict_rect(replay, clips):
             got = [(d.box, d.class_id) for d in message.detections]
             problems += [f"{cam} seq {message.seq}: {p}" for p in unmatched(expected, got)]
     assert problems == []
+
+
+def test_the_bench_times_the_detector_on_the_shape_the_pipeline_runs(assets, tmp_path):
+    """``framebatch bench`` with a rect model: both sides on 640x384 frames, every frame."""
+    from tests.integration.runner import framebatch
+
+    config = write_config(
+        tmp_path / "bench.yaml",
+        model=MODEL_ANY_SIZE,
+        cameras=[{"id": "street", "url": str(VIDEOS / "street_night_1920x1080_3fps.mp4")}],
+        redis_url=None,
+        max_batch_size=4,
+    )
+    output = tmp_path / "bench.json"
+    proc = framebatch(
+        "bench",
+        "--config",
+        str(config),
+        "--batch-sizes",
+        "1,4",
+        "--repeats",
+        "1",
+        "--output",
+        str(output),
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(output.read_text())
+    assert report["input_shape"] == [384, 640]
+    (round_,) = report["rounds"]
+    assert round_["pipeline"]["processed"] == 8 and round_["pipeline"]["dropped"] == 0
+    assert set(round_["alone"]) == {"1", "4"}

@@ -186,4 +186,5 @@ def test_rect_pads_to_the_next_multiple_of_the_stride(width, height, shape) -> N
     letterbox = Letterbox(640, 640, rect=True)
     out = letterbox(frame(width, height)).pixels
     assert (out.shape[1], out.shape[0]) == shape
+    assert letterbox.shape_for(width, height) == out.shape[:2]
     assert out.nbytes <= letterbox.max_bytes
