@@ -7,8 +7,12 @@ setup:
 setup-tests:
 	bash deploy/bootstrap.sh --tests
 
+# clips and model: linked from ../shared/assets, else downloaded and checked by sha256 (the
+# model's .pt is then exported to ONNX, which needs the optional Ultralytics extra)
 demo: setup
 	.venv/bin/python -m samples.clips fetch --no-download || .venv/bin/python -m samples.clips fetch
+	.venv/bin/framebatch models fetch yolov8n --no-download || \
+	  { bash deploy/bootstrap.sh --export && .venv/bin/framebatch models fetch yolov8n; }
 	.venv/bin/python -m samples.demo
 
 test: setup-tests

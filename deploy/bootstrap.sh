@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian 12 machine for framebatch: Debian packages when missing, a virtual
 # environment in .venv, and the project installed into it.  Safe to run again (it only adds
-# what is missing).  `--tests` also installs what the test suite needs (GStreamer RTSP server).
+# what is missing).  `--tests` also installs what the test suite needs (GStreamer RTSP server);
+# `--export` the optional Ultralytics extra that turns a downloaded .pt into ONNX.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +12,8 @@ if [[ "${1:-}" == "--tests" ]]; then
              gstreamer1.0-plugins-bad gstreamer1.0-plugins-ugly gstreamer1.0-libav python3-gi)
   # the tests cover the torch backends and `framebatch export`, so they take both extras
   extras="[test,ultralytics]"
+elif [[ "${1:-}" == "--export" ]]; then
+  extras="[ultralytics]"
 else
   extras=""
 fi

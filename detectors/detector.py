@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from detectors.base import Backend, ModelInfo
 from detectors.postprocess import ImageDetections, InputDetections, Thresholds, postprocess
-from detectors.preprocess import Letterbox, LetterboxGeometry
+from detectors.preprocess import PAD_VALUE, Letterbox, LetterboxGeometry
 
 
 class Detector:
@@ -17,11 +18,23 @@ class Detector:
 
     ``prepare`` → ``infer`` → ``postprocess`` are separate so a pipeline can prepare the next
     batch and post-process the last one while the backend is busy.
+
+    ``instances``: further loads of the same model (Triton's instance group), each run by a
+    thread of its own with ``infer(..., instance=k)``, so batches run side by side; on a CPU
+    two one-thread ONNX Runtime sessions outrun one two-thread session (docs/benchmarks.md).
     """
 
-    def __init__(self, backend: Backend, *, thresholds: Thresholds):
+    def __init__(
+        self, backend: Backend, *, thresholds: Thresholds, instances: Sequence[Backend] = ()
+    ):
         self.backend = backend
         self.thresholds = thresholds
+        self._backends = (backend, *instances)
+
+    @property
+    def instances(self) -> int:
+        """How many batches can run at once (one per loaded instance of the model)."""
+        return len(self._backends)
 
     @property
     def info(self) -> ModelInfo:
@@ -35,8 +48,9 @@ class Detector:
     def prepare(self, images: Sequence[np.ndarray]) -> Any:
         return self.backend.prepare(images)
 
-    def infer(self, prepared: Any) -> np.ndarray | list[InputDetections]:
-        return self.backend.infer(prepared)
+    def infer(self, prepared: Any, instance: int = 0) -> np.ndarray | list[InputDetections]:
+        """Run a prepared batch on one instance (each instance on one thread at a time)."""
+        return self._backends[instance].infer(prepared)
 
     def postprocess(
         self, raw: np.ndarray | list[InputDetections], geometries: Sequence[LetterboxGeometry]
@@ -60,5 +74,22 @@ class Detector:
         boxed = [letterbox(frame) for frame in frames]
         return self.detect([b.pixels for b in boxed], [b.geometry for b in boxed])
 
+    def warmup(self, batch_sizes: Sequence[int], shape: tuple[int, int] | None = None) -> None:
+        """Run each batch size once on every instance, the instances side by side; ``shape``:
+        the (height, width) the pipeline will run when not the model's own input (rect)."""
+
+        def warm(instance: int) -> None:
+            backend = self._backends[instance]
+            if shape is None or shape == (self.info.input_height, self.info.input_width):
+                backend.warmup(batch_sizes)
+                return
+            blank = np.full((*shape, 3), PAD_VALUE, np.uint8)
+            for size in batch_sizes:
+                backend.infer(backend.prepare([blank] * size))
+
+        with ThreadPoolExecutor(self.instances, thread_name_prefix="fb-warmup") as pool:
+            list(pool.map(warm, range(self.instances)))  # list(): re-raises a failure
+
     def close(self) -> None:
-        self.backend.close()
+        for backend in self._backends:
+            backend.close()

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from detectors.base import EXTRAS, Backend, BackendOptions, BackendUnavailable
+from detectors.catalog import fetch_hint
 
 # name -> ("module:Class", extra that provides its libraries); imported lazily so heavy
 # libraries load only when used.
@@ -69,6 +70,9 @@ def load_backend(
 #: Backends that run rectangular batches (``model.rect``): their input may be any
 #: stride-aligned height x width when the model allows it.
 RECT_BACKENDS = ("onnxruntime",)
+#: Backends whose sessions run side by side on a CPU, each with its own threads (torch's CPU
+#: threads are one pool per process, so more torch instances would only contend).
+SPLIT_BACKENDS = ("onnxruntime",)
 
 
 def takes_any_size(path: Path, backend: str = "auto") -> bool:
@@ -96,7 +100,8 @@ def check_model_file(path: Path, backend: str) -> None:
     """A missing, empty or plainly wrong file as one line, before a library sees it (their
     errors are tracebacks or pages of C++ context)."""
     if not path.is_file():
-        raise FileNotFoundError(f"model file not found: {path}")
+        hint = fetch_hint(path)
+        raise FileNotFoundError(f"{hint} (no {path})" if hint else f"model file not found: {path}")
     with path.open("rb") as file:
         head = file.read(8)
     if not head:

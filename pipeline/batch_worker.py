@@ -1,16 +1,18 @@
 """One batch worker: frames streams → batching policy → detector → sinks, for a share of the
-cameras, as three stages on three threads so the detector is never idle while work is queued
-(:mod:`pipeline.stages`):
+cameras, as three stages on their own threads so the detector is never idle while work is
+queued (:mod:`pipeline.stages`):
 
 * reader (the caller's thread): reads frames, runs the policy, prepares batches;
-* inferer: runs the backend on prepared batches;
-* publisher: post-processes, writes detection messages to the sinks, then acknowledges.
+* inferer: runs the backend on prepared batches, one thread per instance of the model;
+* publisher: post-processes, writes detection messages to the sinks in dispatch order, then
+  acknowledges.
 
-The hand-offs hold one batch each, so at most three batches are in memory at once.
+The hand-offs hold one batch each, so at most instances + 3 batches are in memory at once.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -80,7 +82,7 @@ class BatchWorker:
         lifecycle = Lifecycle(stop, self._telemetry)
         prepared: Handoff[PreparedBatch] = lifecycle.handoff()
         inferred: Handoff[InferredBatch] = lifecycle.handoff()
-        meter = InferenceMeter()
+        meter = InferenceMeter(self._detector.instances)
         reader = FrameReader(
             lifecycle=lifecycle,
             redis_client=self._redis,
@@ -118,7 +120,8 @@ class BatchWorker:
         try:
             try:
                 reader.claim_pending()
-                lifecycle.start("infer", inferer.run)
+                for instance in range(self._detector.instances):
+                    lifecycle.start("infer", functools.partial(inferer.run, instance))
                 lifecycle.start("publish", publisher.run)
                 reader.run()
             except BaseException as exc:  # noqa: BLE001 - the reader fails like any stage

@@ -7,20 +7,24 @@ bound of the batching queue, which the policy and the shm ring size both use.
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from typing import Any
 
 import numpy as np
 
-from detectors.base import BackendOptions
+from detectors.base import BackendOptions, ModelInfo
 from detectors.detector import Detector
 from detectors.postprocess import Thresholds
 from detectors.preprocess import Letterbox
-from detectors.registry import load_backend, takes_any_size
+from detectors.registry import SPLIT_BACKENDS, backend_name_for, load_backend, takes_any_size
 from pipeline.batching import BatchPolicy, CameraRules, make_policy
 from pipeline.config import CameraConfig, Config, ConfigError
 from streams.decode_worker import DecoderSpec
 from streams.transport import TransportSpec
+
+log = logging.getLogger(__name__)
 
 
 def queue_frames(config: Config) -> int:
@@ -57,10 +61,12 @@ def load_detector(config: Config, device: str | None = None) -> Detector:
     batching = config.batching
     classes = tuple(model.classes) if model.classes is not None else None
     thresholds = Thresholds(conf=model.conf, iou=model.iou, max_det=model.max_det, classes=classes)
+    device = device or model.worker_devices[0]
+    instances, threads = inference_instances(config, device)
     options = BackendOptions(
         imgsz=model.imgsz,
-        device=device or model.worker_devices[0],
-        threads=model.threads,
+        device=device,
+        threads=threads,
         half=model.half,
         max_batch=batching.max_batch_size,
         thresholds=thresholds,
@@ -69,7 +75,8 @@ def load_detector(config: Config, device: str | None = None) -> Detector:
         cuda_graphs=model.cuda_graphs,
     )
     backend = load_backend(model.path, model.backend, options)
-    detector = Detector(backend, thresholds=thresholds)
+    more = [load_backend(model.path, model.backend, options) for _ in range(instances - 1)]
+    detector = Detector(backend, thresholds=thresholds, instances=more)
     info = detector.info
     problem = None
     if detector.letterbox() != Letterbox(model.imgsz, model.imgsz):
@@ -87,8 +94,51 @@ def load_detector(config: Config, device: str | None = None) -> Detector:
     if problem is not None:
         detector.close()
         raise ValueError(problem)
-    backend.warmup(sorted({1, *batching.preferred_batch_sizes, batching.max_batch_size}))
+    sizes = sorted({1, *batching.preferred_batch_sizes, batching.max_batch_size})
+    shape = run_shape(config, info)
+    detector.warmup(sizes, shape)
+    log.info(
+        "model %s on %s (%s): %d instance(s) x %s thread(s), %dx%d batches of up to %d, warm",
+        model.path.name,
+        device,
+        info.backend,
+        detector.instances,
+        threads or "default",
+        shape[1],
+        shape[0],
+        batching.max_batch_size,
+    )
     return detector
+
+
+def run_shape(config: Config, info: ModelInfo) -> tuple[int, int]:
+    """(height, width) of the batches to warm up and time the model with: a 16:9 source's
+    rectangle (640x384 at 640, the common camera's) where frames are letterboxed to their
+    minimum rectangle, else the model's input.  Decided as ``frame_letterbox`` decides, from
+    the loaded model's facts instead of a second look at the file."""
+    rect = info.any_size if config.model.rect is None else config.model.rect
+    if rect and info.any_size:
+        return Letterbox(info.input_width, info.input_height, rect=True).shape_for(1920, 1080)
+    return info.input_height, info.input_width
+
+
+def inference_instances(config: Config, device: str) -> tuple[int, int | None]:
+    """(instances of the model, threads each) for one detector worker on ``device``.
+
+    Unset, ONNX Runtime on a CPU with two threads or more runs two one-half sessions side by
+    side: YOLOv8n's small layers leave a two-thread session waiting on its own thread pool's
+    barriers, and two sessions keep both cores busy (measured 1.12-1.17x the images/s of one
+    session at batch 8, docs/benchmarks.md).  More than two only lengthens each batch.
+    """
+    model = config.model
+    threads = model.threads or len(os.sched_getaffinity(0))
+    instances = model.instances
+    if instances is None:
+        splits = backend_name_for(model.path, model.backend) in SPLIT_BACKENDS
+        instances = 2 if splits and device == "cpu" and threads >= 2 else 1
+    if instances == 1:
+        return 1, model.threads
+    return instances, max(1, threads // instances)
 
 
 def shard_cameras(cameras: list[str], workers: int) -> list[list[str]]:
@@ -98,18 +148,13 @@ def shard_cameras(cameras: list[str], workers: int) -> list[list[str]]:
 
 
 def time_batches(
-    detector: Detector, sizes: set[int], letterbox: Letterbox | None = None
+    detector: Detector, sizes: set[int], shape: tuple[int, int]
 ) -> list[tuple[int, float]]:
-    """One timed inference per batch size (after warm-up): seeds the policy's service model.
-    With a rectangular ``letterbox`` the batches are of a 16:9 source's shape (640x384 at
-    640), the common camera's, rather than the square the model would otherwise be timed at."""
-    info = detector.info
-    height, width = info.input_height, info.input_width
-    if letterbox is not None and letterbox.rect:
-        height, width = letterbox.shape_for(1920, 1080)
+    """One timed inference per batch size on (height, width) images, after warm-up: seeds the
+    policy's service model (``run_shape``: the shape the pipeline will run)."""
     samples = []
     for size in sorted(sizes):
-        blank = [np.full((height, width, 3), 114, np.uint8)] * size
+        blank = [np.full((*shape, 3), 114, np.uint8)] * size
         prepared = detector.prepare(blank)
         started = time.perf_counter()
         detector.infer(prepared)
@@ -164,7 +209,16 @@ def sampled_fps(camera: CameraConfig) -> float | None:
     return min(camera.fps / camera.vid_stride, camera.max_fps or camera.fps)
 
 
-def decoder_spec(camera: CameraConfig, *, default_backlog: int, until_done: bool) -> DecoderSpec:
+def decode_threads(config: Config) -> int:
+    """Threads per decoder: FFmpeg's frame threading while there are fewer cameras than
+    cores, else one each (the cores are busy anyway, and threading costs ~20 % more CPU per
+    frame: docs/benchmarks.md)."""
+    return 1 if len(config.cameras) >= len(os.sched_getaffinity(0)) else 0
+
+
+def decoder_spec(
+    camera: CameraConfig, *, default_backlog: int, until_done: bool, decode_threads: int = 0
+) -> DecoderSpec:
     """How a camera's decode worker behaves in this run."""
     live = camera.is_live
     realtime = True if live else bool(camera.realtime)
@@ -180,6 +234,7 @@ def decoder_spec(camera: CameraConfig, *, default_backlog: int, until_done: bool
         fps=camera.fps,
         vid_stride=camera.vid_stride,
         max_fps=camera.max_fps,
+        decode_threads=decode_threads,
     )
 
 

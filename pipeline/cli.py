@@ -189,6 +189,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_models(args: argparse.Namespace) -> int:
+    from pipeline.tools.models import run_models
+
+    return run_models(args)
+
+
 def cmd_bench_gpu(args: argparse.Namespace) -> int:
     from pipeline.tools.bench_gpu import main as bench_gpu
 
@@ -336,6 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
         "bench-gpu", help="the device path piece by piece (batch sizes, FP16, buffering, graphs)"
     )
     from pipeline.tools.bench_gpu import add_arguments as add_bench_gpu_arguments
+    from pipeline.tools.models import add_models_arguments
 
     add_bench_gpu_arguments(bench_gpu)
     bench_gpu.set_defaults(handler=cmd_bench_gpu)
@@ -366,6 +373,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument("--device", default="cpu", help="cpu or cuda:N (default: %(default)s)")
     export.set_defaults(handler=cmd_export)
+
+    models = commands.add_parser("models", help="fetch a known model (yolov8n) into the cache")
+    add_models_arguments(models)
+    models.set_defaults(handler=cmd_models)
 
     simulate = commands.add_parser(
         "simulate", help="sweep the batching policies over simulated cameras (no Redis, no model)"

@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from detectors.catalog import KNOWN_MODELS, known_name, model_path
 from detectors.registry import SUFFIXES
 from pipeline.config_errors import (
     ConfigError,
@@ -99,7 +100,10 @@ class ModelConfig(BaseModel):
     """The detector model and its post-processing."""
 
     model_config = _MODEL_CONFIG
-    path: Path = Field(description="Model file; relative paths are relative to the config file")
+    path: Path = Field(
+        description="Model file (relative paths are relative to the config file), or a known "
+        "model's name (yolov8n: the ONNX `framebatch models fetch yolov8n` put in the cache)"
+    )
     backend: Literal["auto", "onnxruntime", "torchscript", "ultralytics", "tensorrt"] = Field(
         "auto", description="auto: by file suffix (.onnx, .torchscript, .pt, .engine)"
     )
@@ -114,7 +118,20 @@ class ModelConfig(BaseModel):
     iou: Finite = Field(0.45, gt=0, le=1, description="IoU threshold of non-maximum suppression")
     max_det: int = Field(300, ge=1, description="Most detections kept per frame")
     classes: ClassIds | None = Field(None, description="Class ids to keep; unset keeps all")
-    threads: int | None = Field(None, ge=1, description="CPU intra-op threads (ORT, torch)")
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="CPU threads for inference, shared among the instances (ORT, torch); "
+        "unset: every core this process may use",
+    )
+    instances: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="Loads of the model per detector worker, each running a batch at once on "
+        "its share of the threads (Triton's instance group); unset: 2 for ONNX Runtime on a "
+        "CPU with 2 or more threads, else 1",
+    )
     device: str = Field("cpu", description="cpu, cuda or cuda:N")
     devices: list[Annotated[int, Field(ge=0)]] | None = Field(
         None,
@@ -133,10 +150,15 @@ class ModelConfig(BaseModel):
     @field_validator("path")
     @classmethod
     def _check_path(cls, path: Path, info: ValidationInfo) -> Path:
+        name = known_name(path)
+        if name is not None:
+            return model_path(name)  # the cached ONNX `framebatch models fetch` makes
         if path.suffix.lower() not in MODEL_SUFFIXES:
             supported = ", ".join(MODEL_SUFFIXES)
+            known = ", ".join(KNOWN_MODELS)
             raise fail(
-                f"unsupported model file {clip(path.name)!r} (supported suffixes: {supported})"
+                f"unsupported model file {clip(path.name)!r} (supported suffixes: {supported}; "
+                f"or a known model: {known})"
             )
         return _resolve(path, info)
 
@@ -155,6 +177,12 @@ class ModelConfig(BaseModel):
             problems.append((("devices",), message, self.devices))
         if self.devices is not None and len(set(self.devices)) != len(self.devices):
             problems.append((("devices",), "device ids must be unique", self.devices))
+        if self.instances and self.threads and self.threads < self.instances:
+            message = (
+                f"{self.threads} threads cannot run {self.instances} instances (one thread "
+                "each at least): raise threads or lower instances"
+            )
+            problems.append((("threads",), message, self.threads))
         if self.half and self.worker_devices == ["cpu"]:
             message = "FP16 needs a CUDA device (device: cuda:N); on the CPU it is slower"
             problems.append((("half",), message, self.half))

@@ -26,9 +26,11 @@ from pipeline.batch_worker import BatchWorker
 from pipeline.builders import (
     batching_policy,
     check_run_mode,
+    decode_threads,
     decoder_spec,
     frame_letterbox,
     load_detector,
+    run_shape,
     shard_cameras,
     time_batches,
     transport_spec,
@@ -184,7 +186,6 @@ class Pipeline:
             # Decoders start first: their start-up overlaps the model load and warm-up.
             decoders_stop = ProcessFlag()  # a decoder killed while waiting cannot hang set()
             letterbox = frame_letterbox(self.config)  # square, or rect where the model allows
-            self._letterbox = letterbox
             self._spawn_args = (letterbox, keys, decoders_stop)
             # shm rings: a decoder's ring outlives it until its frames are read or the batchers
             # have stopped (released); the rings of decoders that died are ours to remove
@@ -254,7 +255,8 @@ class Pipeline:
         """One detector worker over its share of the cameras, its policy seeded with t(b)."""
         policy = batching_policy(self.config, until_done=self.until_done)
         sizes = {1, self.config.batching.max_batch_size}
-        for size, seconds in time_batches(detector, sizes, self._letterbox):
+        shape = run_shape(self.config, detector.info)
+        for size, seconds in time_batches(detector, sizes, shape):
             policy.observe(size, seconds)  # the policy knows t(b) before the first frame
         return BatchWorker(
             redis_client=client,
@@ -289,9 +291,13 @@ class Pipeline:
         self, letterbox: Letterbox, keys: StreamKeys, stop: ProcessFlag
     ) -> list[_Decoder]:
         decoders = []
+        threads = decode_threads(self.config)
         for camera in self.config.cameras:
             spec = decoder_spec(
-                camera, default_backlog=self.config.redis.frames_maxlen, until_done=self.until_done
+                camera,
+                default_backlog=self.config.redis.frames_maxlen,
+                until_done=self.until_done,
+                decode_threads=threads,
             )
             decoders.append(_Decoder(spec, self._spawn(spec, letterbox, keys, stop)))
         return decoders

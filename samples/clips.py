@@ -14,21 +14,22 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import hashlib
-import os
-import shutil
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.tools.downloads import (
+    FetchError,
+    download_verified,
+    has_sha256,
+    link_or_copy,
+    sha256_of,
+    shared_assets_dir,
+)
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DEST = REPO_ROOT / "samples" / "clips" / "real"
-
-_CHUNK = 1 << 16
-_DOWNLOAD_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -115,77 +116,9 @@ REAL_CLIPS: tuple[SampleClip, ...] = (
 )
 
 
-class FetchError(RuntimeError):
-    """A real clip could not be linked, copied or downloaded and verified."""
-
-
-def shared_assets_dir(repo_root: Path, explicit: Path | None = None) -> Path | None:
-    """Return the shared assets folder, or None when there is none.
-
-    ``explicit`` wins when given (and must exist); otherwise ``repo_root.parent /
-    "shared" / "assets"`` is used if it exists.
-    """
-    if explicit is not None:
-        if not explicit.is_dir():
-            raise FetchError(f"assets folder {explicit} does not exist")
-        return explicit
-    default = repo_root.parent / "shared" / "assets"
-    return default if default.is_dir() else None
-
-
-def sha256_of(path: Path) -> str:
-    """Hex sha256 of a file's content (following symlinks)."""
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _is_good(path: Path, clip: SampleClip) -> bool:
     # A dangling symlink or a stale/partial file is replaced, not trusted.
-    return path.is_file() and sha256_of(path) == clip.sha256
-
-
-def _link_or_copy(src: Path, target: Path) -> str:
-    """Symlink ``target`` -> ``src`` (relative when possible); copy if symlinks fail."""
-    try:
-        link = os.path.relpath(src, target.parent)
-    except ValueError:  # different drives on Windows: no relative path exists
-        link = str(src)
-    try:
-        target.symlink_to(link)
-        return "linked"
-    except OSError:
-        # e.g. Windows without symlink privilege, or a filesystem without symlinks.
-        # copyfile, not copy2: the shared assets are read-only and the copy should not be.
-        shutil.copyfile(src, target)
-        return "copied"
-
-
-def _download(clip: SampleClip, target: Path) -> None:
-    """Download ``clip.url`` to ``target``, verifying sha256 before the file appears."""
-    request = urllib.request.Request(clip.url, headers={"User-Agent": "framebatch-samples"})
-    # A plain name, not mkstemp: mkstemp's 0600 mode would stick to the clip.
-    tmp = target.with_name(f".{clip.filename}.part")
-    try:
-        h = hashlib.sha256()
-        with tmp.open("wb") as out:
-            try:
-                with urllib.request.urlopen(request, timeout=_DOWNLOAD_TIMEOUT_S) as resp:
-                    while chunk := resp.read(_CHUNK):
-                        h.update(chunk)
-                        out.write(chunk)
-            except (urllib.error.URLError, OSError) as exc:
-                raise FetchError(f"download of {clip.name} from {clip.url} failed: {exc}") from exc
-        if h.hexdigest() != clip.sha256:
-            raise FetchError(
-                f"download of {clip.name} from {clip.url} has sha256 {h.hexdigest()}, "
-                f"expected {clip.sha256}"
-            )
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
+    return has_sha256(path, clip.sha256)
 
 
 def fetch_real_clips(
@@ -220,12 +153,12 @@ def fetch_real_clips(
                 if sha256_of(src) != clip.sha256:
                     raise FetchError(f"{src} does not have the expected sha256 {clip.sha256}")
                 target.unlink(missing_ok=True)
-                how = _link_or_copy(src, target)
+                how = link_or_copy(src, target)
                 say(f"{how:<10} {target} <- {src}")
             elif allow_download:
                 target.unlink(missing_ok=True)
                 say(f"download   {clip.url}")
-                _download(clip, target)
+                download_verified(clip.url, target, clip.sha256, what=clip.name)
                 say(f"downloaded {target} (sha256 ok)")
             else:
                 where = f"not in {videos}" if videos is not None else "no shared assets"

@@ -53,10 +53,21 @@ class VideoSource:
     """One open session on a video file or camera URL. Use as a context manager."""
 
     def __init__(
-        self, camera: str, url: str, *, open_timeout_s: float = 5.0, read_timeout_s: float = 5.0
+        self,
+        camera: str,
+        url: str,
+        *,
+        open_timeout_s: float = 5.0,
+        read_timeout_s: float = 5.0,
+        decode_threads: int = 0,
     ):
+        """``decode_threads``: 0 lets FFmpeg thread the decoder (frame threading: lower latency
+        when cores are free), 1 decodes on the calling thread (less CPU per frame: measured
+        1.5-1.9 against 2.0-2.2 ms for a 960x540 H.264 frame, the better choice when every
+        core is busy anyway)."""
         self.camera = camera
         self.url = url
+        self._decode_threads = decode_threads
         self.live = is_live_url(url)
         self._timeouts = (open_timeout_s, read_timeout_s)
         self._container: av.container.InputContainer | None = None
@@ -81,7 +92,12 @@ class VideoSource:
             raise SourceError(f"camera {self.camera!r} ({redact_url(self.url)}): no video stream")
         self._container = container
         self._stream = container.streams.video[0]
-        self._stream.thread_type = "AUTO"  # frame threading: PyAV releases the GIL while decoding
+        if self._decode_threads == 1:
+            self._stream.thread_type = "NONE"
+            self._stream.codec_context.thread_count = 1
+        else:  # frame threading: PyAV releases the GIL while decoding
+            self._stream.thread_type = "AUTO"
+            self._stream.codec_context.thread_count = self._decode_threads
         return self
 
     @property

@@ -24,7 +24,7 @@ class PendingFrame:
 class PreparedBatch:
     """The reader's output: frames and the detector's input tensor."""
 
-    batch_id: int
+    batch_id: int  # 0, 1, 2, ... in the order the reader dispatched them
     frames: list[Queued[PendingFrame]]
     tensor: Any
     batched: float  # wall-clock time the policy dispatched it

@@ -1,5 +1,6 @@
-"""The inferer stage: runs the detector on prepared batches, one at a time (ONNX Runtime and
-CUDA release the GIL, so the reader and publisher go on meanwhile)."""
+"""The inferer stage: runs the detector on prepared batches, one per instance of the model at a
+time, each instance on a thread of its own (ONNX Runtime and CUDA release the GIL, so the
+instances, the reader and the publisher go on meanwhile)."""
 
 from __future__ import annotations
 
@@ -15,36 +16,35 @@ from pipeline.telemetry import Telemetry
 
 
 class InferenceMeter:
-    """The inferer's timing, read by the reader: how long the running inference still has to
-    go (the policy's start delay) and how long finished ones took (its model of t(b))."""
+    """The inferer's timing, read by the reader: how long until an instance of the detector is
+    free (the policy's start delay) and how long finished inferences took (its model of t(b))."""
 
-    def __init__(self) -> None:
+    def __init__(self, instances: int = 1) -> None:
+        self._instances = instances
         self._lock = threading.Lock()
-        self._running: tuple[float, int] | None = None  # (perf_counter at start, size)
+        self._running: dict[int, tuple[float, int]] = {}  # instance: (perf_counter, size)
         self._finished: queue.SimpleQueue[tuple[int, float]] = queue.SimpleQueue()
 
-    def started(self, size: int) -> None:
+    def started(self, size: int, instance: int = 0) -> None:
         with self._lock:
-            self._running = (time.perf_counter(), size)
+            self._running[instance] = (time.perf_counter(), size)
 
-    def finished(self) -> float:
-        """Seconds the running inference took."""
+    def finished(self, instance: int = 0) -> float:
+        """Seconds the instance's running inference took."""
         with self._lock:
-            assert self._running is not None, "finished() without started()"
-            started, size = self._running
-            self._running = None
+            started, size = self._running.pop(instance)
         seconds = time.perf_counter() - started
         self._finished.put((size, seconds))
         return seconds
 
     def busy_for(self, estimate: Callable[[int], float]) -> float:
-        """Expected seconds until the running inference ends (0 when the detector is free)."""
+        """Expected seconds until an instance is free (0 when one is)."""
         with self._lock:
-            running = self._running
-        if running is None:
+            running = list(self._running.values())
+        if len(running) < self._instances:
             return 0.0
-        started, size = running
-        return max(0.0, started + estimate(size) - time.perf_counter())
+        ends = min(started + estimate(size) for started, size in running)
+        return max(0.0, ends - time.perf_counter())
 
     def samples(self) -> Iterator[tuple[int, float]]:
         """(batch size, seconds) of the inferences finished since the last call."""
@@ -53,6 +53,9 @@ class InferenceMeter:
 
 
 class Inferer:
+    """Takes prepared batches from one hand-off on one thread per instance of the detector;
+    batches may finish out of order (the publisher puts them back in order)."""
+
     def __init__(
         self,
         *,
@@ -69,13 +72,21 @@ class Inferer:
         self._meter = meter
         self._telemetry = telemetry
         self._clock = clock
+        self._lock = threading.Lock()
+        self._running = detector.instances  # instances not yet finished
 
-    def run(self) -> None:
+    def run(self, instance: int = 0) -> None:
+        """One instance's loop; the last instance to end closes the outbox."""
         try:
             for batch in self._inbox:
-                self._meter.started(len(batch.frames))
-                raw = self._detector.infer(batch.tensor)
-                self._telemetry.batch_inferred(len(batch.frames), self._meter.finished())
+                self._meter.started(len(batch.frames), instance)
+                raw = self._detector.infer(batch.tensor, instance)
+                seconds = self._meter.finished(instance)
+                self._telemetry.batch_inferred(len(batch.frames), seconds)
                 self._outbox.put(InferredBatch(batch, raw, self._clock()))
         finally:
-            self._outbox.close()
+            with self._lock:
+                self._running -= 1
+                last = self._running == 0
+            if last:
+                self._outbox.close()

@@ -115,13 +115,15 @@ class Handoff(Generic[T]):
                 pass
 
     def __iter__(self) -> Iterator[T]:
-        """Items until closed, or until a stage failed."""
+        """Items until closed, or until a stage failed.  Several threads may take from one
+        hand-off (instances of the detector); each gets each item once, and every one the end."""
         while not self._lifecycle.failed:
             try:
                 item = self._queue.get(timeout=POLL_S)
             except queue.Empty:
                 continue
             if item is _END:
+                self._queue.put(_END)  # for the next taker: nothing else can be put after it
                 return
             self._taken.set()
             yield item  # type: ignore[misc]

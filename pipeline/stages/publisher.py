@@ -40,8 +40,15 @@ class Publisher:
         self._clock = clock
 
     def run(self) -> None:
+        """Publish batches in the order the reader dispatched them (instances of the detector
+        may finish them out of order; a camera's detections keep their order)."""
+        finished: dict[int, InferredBatch] = {}
+        next_id = 0
         for batch in self._inbox:
-            self.publish(batch)
+            finished[batch.prepared.batch_id] = batch
+            while next_id in finished:
+                self.publish(finished.pop(next_id))
+                next_id += 1
 
     def publish(self, batch: InferredBatch) -> None:
         frames = batch.prepared.frames

@@ -15,6 +15,7 @@ import platform
 import shlex
 import statistics
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -49,7 +50,8 @@ STAGE_BATCHES = 10  # timed batches per stage in the per-frame step
 class TimedDetector:
     """A detector whose three stages add their wall time to accumulators; the rest delegates.
 
-    Each stage runs on its own pipeline thread, so each accumulator has a single writer.
+    Prepare and post-process each run on one pipeline thread, so their accumulators have a
+    single writer; inference runs on one thread per instance, under a lock.
     """
 
     def __init__(self, inner: Detector):
@@ -60,6 +62,7 @@ class TimedDetector:
         self.created = time.perf_counter()
         self.first_infer: float | None = None
         self.last_infer = 0.0
+        self._infer_lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -74,10 +77,15 @@ class TimedDetector:
     def prepare(self, images: Sequence[np.ndarray]) -> Any:
         return self._timed("prepare", self._inner.prepare, images)[0]
 
-    def infer(self, prepared: Any) -> np.ndarray:
-        raw, start, self.last_infer = self._timed("infer", self._inner.infer, prepared)
-        self.first_infer = self.first_infer or start
-        self.images += len(raw)
+    def infer(self, prepared: Any, instance: int = 0) -> np.ndarray:
+        start = time.perf_counter()
+        raw = self._inner.infer(prepared, instance)
+        end = time.perf_counter()
+        with self._infer_lock:  # instances of the model infer on threads of their own
+            self.seconds["infer"] += end - start  # instance-seconds: up to instances x wall
+            self.first_infer = min(self.first_infer or start, start)
+            self.last_infer = max(self.last_infer, end)
+            self.images += len(raw)
         return raw
 
     def postprocess(self, raw: np.ndarray, geometries: Sequence[Any]) -> list[Any]:
@@ -131,26 +139,47 @@ def same_shape(pool: list[Letterboxed]) -> list[Letterboxed]:
 
 
 def time_detector(detector: Detector, pool: list[Letterboxed], size: int, repeats: int) -> dict:
-    """One warm-up then ``repeats`` timed prepare + infer + postprocess calls at one batch size;
-    median seconds per image of the whole call and of each stage."""
-    calls = []
-    for call in range(repeats + 1):
-        batch = [pool[(call * size + k) % len(pool)] for k in range(size)]
-        t0 = time.perf_counter()
-        tensor = detector.prepare([b.pixels for b in batch])
-        t1 = time.perf_counter()
-        raw = detector.infer(tensor)
-        t2 = time.perf_counter()
-        detector.postprocess(raw, [b.geometry for b in batch])
-        t3 = time.perf_counter()
-        if call:
-            calls.append((t3 - t0, t1 - t0, t2 - t1, t3 - t2))
-    per_image = [statistics.median(times) / size for times in zip(*calls, strict=True)]
-    total, prepare, infer, postprocess = per_image
+    """One warm-up then ``repeats`` timed prepare + infer + postprocess calls at one batch size
+    on every instance of the model at once (one thread each, as in the pipeline); images/s over
+    the wall time of all, and each stage's median seconds per call per image, divided by the
+    instances (what a stage costs the throughput when every instance is busy)."""
+    instances = detector.instances
+    calls: list[tuple[float, float, float, float]] = []
+    ready = threading.Barrier(instances + 1)
+
+    def work(instance: int) -> None:
+        for call in range(repeats + 1):
+            if call == 1:
+                ready.wait()  # every instance warmed up: the timed part starts
+            first = (call * instances + instance) * size
+            batch = [pool[(first + k) % len(pool)] for k in range(size)]
+            t0 = time.perf_counter()
+            tensor = detector.prepare([b.pixels for b in batch])
+            t1 = time.perf_counter()
+            raw = detector.infer(tensor, instance)
+            t2 = time.perf_counter()
+            detector.postprocess(raw, [b.geometry for b in batch])
+            t3 = time.perf_counter()
+            if call:
+                calls.append((t3 - t0, t1 - t0, t2 - t1, t3 - t2))  # list.append is atomic
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(instances)]
+    for thread in threads:
+        thread.start()
+    ready.wait()
+    started = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - started
+    _, prepare, infer, postprocess = (
+        statistics.median(times) / size / instances for times in zip(*calls, strict=True)
+    )
+    images_per_s = instances * repeats * size / wall
     return {
         "batch_size": size,
-        "images_per_s": 1 / total,
-        "per_image_s": total,
+        "instances": instances,
+        "images_per_s": images_per_s,
+        "per_image_s": 1 / images_per_s,
         "prepare_per_image_s": prepare,
         "infer_per_image_s": infer,
         "postprocess_per_image_s": postprocess,
@@ -171,6 +200,7 @@ def run_pipeline(config: Config) -> dict[str, Any]:
         raise RuntimeError(f"failed cameras {failed} or no inference: the figures would be wrong")
     detector = timed[-1]
     window_s = detector.last_infer - detector.first_infer
+    infer_s = detector.seconds["infer"] / detector.instances
     startup_s = detector.first_infer - detector.created
     return {
         "processed": summary.processed,
@@ -183,9 +213,11 @@ def run_pipeline(config: Config) -> dict[str, Any]:
         "latency_p50_s": summary.latency_p50_s,
         "latency_p99_s": summary.latency_p99_s,
         **{f"{stage}_per_image_s": s / detector.images for stage, s in detector.seconds.items()},
-        "infer_busy_fraction": detector.seconds["infer"] / window_s if window_s else 1.0,
+        # instance-seconds over instances: the wall time every instance was busy
+        "infer_per_image_s": infer_s / detector.images,
+        "infer_busy_fraction": infer_s / window_s if window_s else 1.0,
         "startup_s": startup_s,
-        "idle_s": window_s - detector.seconds["infer"],
+        "idle_s": window_s - infer_s,
         "tail_s": summary.wall_s - startup_s - window_s,
     }
 

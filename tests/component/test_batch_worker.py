@@ -34,15 +34,17 @@ class FakeBackend:
 
     name = "fake"
 
-    def __init__(self, fail_at_batch: int | None = None):
+    def __init__(self, fail_at_batch: int | None = None, seconds: float = 0.0):
         self.info = ModelInfo("fake", "fake", SIZE, SIZE, ("thing",))
         self.batches = 0
         self._fail_at = fail_at_batch
+        self._seconds = seconds  # how long each inference takes
 
     def prepare(self, images):
         return np.stack(images)
 
     def infer(self, batch):
+        time.sleep(self._seconds)
         self.batches += 1
         if self._fail_at is not None and self.batches >= self._fail_at:
             raise RuntimeError("injected inference failure")
@@ -70,15 +72,25 @@ def write_frames(client, keys: StreamKeys, camera: str, session: str, seqs, *, e
 
 
 def worker(
-    client, keys, cameras, backend, *, since_ms=0, consumer="batcher-0", sink=None, telemetry=None
+    client,
+    keys,
+    cameras,
+    backend,
+    *,
+    instances=(),
+    since_ms=0,
+    consumer="batcher-0",
+    sink=None,
+    telemetry=None,
 ) -> BatchWorker:
+    """``instances``: further backends, each running batches on a thread of its own."""
     sink = sink or open_sinks([RedisStreamsOptions()], SinkContext(client, keys, 10_000))
     telemetry = telemetry or Telemetry()
     return BatchWorker(
         redis_client=client,
         keys=keys,
         cameras=cameras,
-        detector=Detector(backend, thresholds=Thresholds()),
+        detector=Detector(backend, thresholds=Thresholds(), instances=instances),
         policy=make_policy("batch1", max_batch_size=1, max_wait_ms=5),
         accounting=Accounting(cameras, telemetry=telemetry),
         sink=sink,
@@ -240,3 +252,26 @@ def test_telemetry_hears_of_every_frame_once(redis_client, keys):
     assert telemetry.received == 14 and telemetry.published == 14
     assert telemetry.dropped == {"overflow": 3}
     assert telemetry.inferred == 14 and backend.batches == 14
+
+
+def test_instances_finishing_out_of_order_publish_in_dispatch_order(redis_client, keys):
+    # one instance takes 25x as long as the other: batches finish out of order, and a camera's
+    # detections must still come out in its frames' order, every frame once
+    write_frames(redis_client, keys, "a", "A", range(12), end=12)
+    write_frames(redis_client, keys, "b", "B", range(9), end=9)
+    slow, fast = FakeBackend(seconds=0.05), FakeBackend(seconds=0.002)
+    telemetry = RecordingTelemetry()
+    run_to_end(worker(redis_client, keys, ["a", "b"], slow, instances=[fast], telemetry=telemetry))
+    assert slow.batches and fast.batches > slow.batches  # both ran, the fast one more
+    assert slow.batches + fast.batches == 21 == telemetry.published
+    for camera, frames in (("a", 12), ("b", 9)):
+        entries = redis_client.xrange(keys.detections(camera))
+        seqs = [int(fields[b"seq"]) for _, fields in entries]
+        assert seqs == list(range(frames))
+    batch_ids = [
+        int(fields[b"batch_id"])
+        for camera in ("a", "b")
+        for _, fields in redis_client.xrange(keys.detections(camera))
+    ]
+    assert sorted(batch_ids) == list(range(21))
+    assert all(r.ok for r in audit(redis_client, keys, ["a", "b"]))

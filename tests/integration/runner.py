@@ -51,12 +51,15 @@ def write_config(
     return path
 
 
-def framebatch(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+def framebatch(
+    *args: str, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "pipeline.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
+        env=env,
     )
 
 

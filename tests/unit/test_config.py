@@ -394,7 +394,7 @@ INVALID = [
     (
         merged(MINIMAL, {"model": {"path": "weights/yolov8n.tflite"}}),
         "model.path: unsupported model file 'yolov8n.tflite' "
-        "(supported suffixes: .onnx, .torchscript, .pt, .engine)",
+        "(supported suffixes: .onnx, .torchscript, .pt, .engine; or a known model: yolov8n)",
     ),
     (
         merged(MINIMAL, {"model": {"backend": "openvino"}}),
@@ -449,6 +449,15 @@ INVALID = [
         "sinks[1].fsync: must be true or false (got string)",
     ),
     (merged(MINIMAL, {"sinks": []}), "sinks: must not be empty"),
+    (
+        merged(MINIMAL, {"model": {"path": "m.onnx", "instances": 4, "threads": 2}}),
+        "model.threads: 2 threads cannot run 4 instances (one thread each at least): raise "
+        "threads or lower instances",
+    ),
+    (
+        merged(MINIMAL, {"model": {"path": "m.onnx", "instances": 0}}),
+        "model.instances: must be >= 1 (got 0)",
+    ),
     (
         merged(MINIMAL, {"sinks": [{"kind": "jsonl", "path": "d.jsonl"}]}),
         "sinks: must include {kind: redis_streams}: the accounting of a run after a crash "
@@ -671,3 +680,13 @@ def test_environ_defaults_to_process_environment(monkeypatch):
     monkeypatch.setenv("FB_TEST_MODEL", "from-env.onnx")
     config = parse_config(merged(MINIMAL, {"model": {"path": "${FB_TEST_MODEL}"}}), base_dir=BASE)
     assert config.model.path == BASE / "from-env.onnx"
+
+
+@pytest.mark.parametrize(
+    "path", sorted((Path(__file__).parents[2] / "configs").glob("*.yaml")), ids=lambda p: p.name
+)
+def test_every_shipped_config_is_valid(path: Path, monkeypatch):
+    monkeypatch.setenv("CAM_USER", "viewer")
+    monkeypatch.setenv("CAM_PASSWORD", SECRET)
+    config = load_config(path)
+    assert config.cameras

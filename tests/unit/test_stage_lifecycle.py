@@ -27,6 +27,22 @@ def test_items_pass_in_order_until_closed():
     lifecycle.raise_failure()  # nothing failed: no error
 
 
+def test_several_takers_get_each_item_once_and_every_one_the_end():
+    lifecycle = Lifecycle(threading.Event())
+    handoff: Handoff[int] = lifecycle.handoff()
+    taken: list[list[int]] = [[], [], []]
+    for index in range(3):
+        lifecycle.start(f"take-{index}", lambda mine=taken[index]: mine.extend(handoff))
+    for item in range(30):
+        handoff.put(item)
+    handoff.close()
+    started = time.monotonic()
+    lifecycle.join()  # every taker saw the end: none is left waiting
+    assert time.monotonic() - started < 2
+    assert sorted(item for mine in taken for item in mine) == list(range(30))
+    lifecycle.raise_failure()
+
+
 def test_a_put_waits_for_the_next_stage_and_holds_one_item():
     lifecycle = Lifecycle(threading.Event())
     handoff: Handoff[int] = lifecycle.handoff()
@@ -116,3 +132,16 @@ def test_a_redis_password_never_shows_in_a_stage_failure():
     with pytest.raises(StageFailed) as info:
         lifecycle.raise_failure()
     assert "hunter2" not in str(info.value) and "redis://:***@db:6379/0" in str(info.value)
+
+
+def test_with_two_instances_the_meter_waits_only_when_both_run():
+    meter = InferenceMeter(instances=2)
+    meter.started(8, instance=0)
+    assert meter.busy_for(lambda size: 1.0) == 0.0  # instance 1 is free
+    meter.started(1, instance=1)
+    left = meter.busy_for(lambda size: 0.25 * size)  # 0.25 s for the batch of 1, 2 s for 8
+    assert 0.15 < left <= 0.25
+    meter.finished(instance=1)
+    assert meter.busy_for(lambda size: 1.0) == 0.0
+    meter.finished(instance=0)
+    assert sorted(size for size, _ in meter.samples()) == [1, 8]
