@@ -8,7 +8,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from detectors.postprocess import Thresholds
+from detectors.postprocess import InputDetections, Thresholds
 
 #: How to install what each optional backend needs; named in BackendUnavailable messages.
 EXTRAS = {
@@ -45,6 +45,24 @@ class ModelInfo:
         return names[class_id] if 0 <= class_id < len(names) else str(class_id)
 
 
+@dataclass(frozen=True)
+class BatchOutput:
+    """What every backend's ``infer`` returns for a batch: either the raw YOLOv8 head
+    ``(N, 4 + classes, anchors)`` as float32 on the host, decoded and suppressed there
+    (``raw``), or the boxes a device-side NMS kept for each image (``found``)."""
+
+    raw: np.ndarray | None = None
+    found: tuple[InputDetections, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.raw is None) == (self.found is None):
+            raise ValueError("a batch output holds either the raw head or the kept boxes")
+
+    def __len__(self) -> int:
+        """Images in the batch."""
+        return len(self.raw) if self.raw is not None else len(self.found or ())
+
+
 def parse_device(device: str) -> tuple[str, int | None]:
     """``cpu`` -> ("cpu", None); ``cuda``/``cuda:N`` -> ("cuda", N); anything else: ValueError."""
     if device == "cpu":
@@ -78,16 +96,14 @@ class Backend(Protocol):
     ``prepare`` turns letterboxed uint8 HxWx3 BGR images into the backend's input
     (normalisation, layout, upload); it is split from ``infer`` so the next batch can be
     prepared while this one runs. ``prepare`` and ``infer`` may run on two different threads
-    (one each). ``infer`` returns either the raw YOLOv8 output ``(N, 4 + classes, anchors)`` as
-    float32 on the host, or, for backends that run NMS on the device, one
-    ``InputDetections`` per image.
+    (one each). ``infer`` returns a :class:`BatchOutput`.
     """
 
     info: ModelInfo
 
     def prepare(self, images: Sequence[np.ndarray]) -> Any: ...
 
-    def infer(self, prepared: Any) -> Any: ...
+    def infer(self, prepared: Any) -> BatchOutput: ...
 
     def warmup(self, batch_sizes: Sequence[int]) -> None: ...
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import Backend, ModelInfo
-from detectors.postprocess import ImageDetections, InputDetections, Thresholds, postprocess
+from detectors.base import Backend, BatchOutput, ModelInfo
+from detectors.postprocess import ImageDetections, Thresholds, postprocess
 from detectors.preprocess import PAD_VALUE, Letterbox, LetterboxGeometry
 
 
@@ -48,17 +48,18 @@ class Detector:
     def prepare(self, images: Sequence[np.ndarray]) -> Any:
         return self.backend.prepare(images)
 
-    def infer(self, prepared: Any, instance: int = 0) -> np.ndarray | list[InputDetections]:
+    def infer(self, prepared: Any, instance: int = 0) -> BatchOutput:
         """Run a prepared batch on one instance (each instance on one thread at a time)."""
         return self._backends[instance].infer(prepared)
 
     def postprocess(
-        self, raw: np.ndarray | list[InputDetections], geometries: Sequence[LetterboxGeometry]
+        self, output: BatchOutput, geometries: Sequence[LetterboxGeometry]
     ) -> list[ImageDetections]:
         """Raw output: decode + NMS here; a device backend's NMS results: only un-letterbox."""
-        if isinstance(raw, np.ndarray):
-            return postprocess(raw, geometries, self.thresholds)
-        return [found.to_original(g) for found, g in zip(raw, geometries, strict=True)]
+        if output.raw is not None:
+            return postprocess(output.raw, geometries, self.thresholds)
+        found = output.found or ()
+        return [boxes.to_original(g) for boxes, g in zip(found, geometries, strict=True)]
 
     def detect(
         self, images: Sequence[np.ndarray], geometries: Sequence[LetterboxGeometry]

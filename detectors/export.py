@@ -116,8 +116,8 @@ def _load_for_export(request: ExportRequest) -> tuple[Any, dict[int, str], int, 
     import torch
 
     from detectors.base import BackendOptions
-    from detectors.torch_backend import check_device
-    from detectors.ultralytics_backend import RawOutput, load_checkpoint
+    from detectors.device.backend import check_device
+    from detectors.device.checkpoint import RawOutput, load_checkpoint
 
     device = check_device(BackendOptions(device=request.device))
     model, facts = load_checkpoint(request.source, device)
@@ -168,8 +168,8 @@ def _export_torchscript(model: Any, example: Any, target: Path, facts: dict[str,
 
 
 def _export_engine(request: ExportRequest) -> Path:
-    from detectors.tensorrt_build import build_engine, int8_accuracy_report, letterboxed_frames
-    from detectors.tensorrt_engine import import_tensorrt
+    from detectors.tensorrt.build import build_engine, int8_accuracy_report, letterboxed_frames
+    from detectors.tensorrt.engine import import_tensorrt
 
     import_tensorrt()  # before the ONNX step: fail fast where TensorRT is missing
     onnx_path = request.source

@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
+from detectors.backends import backend_name_for, load_backend, plugin, takes_any_size
 from detectors.base import BackendOptions, ModelInfo
 from detectors.detector import Detector
 from detectors.postprocess import Thresholds
 from detectors.preprocess import Letterbox
-from detectors.registry import SPLIT_BACKENDS, backend_name_for, load_backend, takes_any_size
 from pipeline.batching import BatchPolicy, CameraRules, make_policy
 from pipeline.config import CameraConfig, Config, ConfigError
 from streams.decode_worker import DecoderSpec
@@ -134,7 +134,7 @@ def inference_instances(config: Config, device: str) -> tuple[int, int | None]:
     threads = model.threads or len(os.sched_getaffinity(0))
     instances = model.instances
     if instances is None:
-        splits = backend_name_for(model.path, model.backend) in SPLIT_BACKENDS
+        splits = plugin(backend_name_for(model.path, model.backend)).cpu_instances
         instances = 2 if splits and device == "cpu" and threads >= 2 else 1
     if instances == 1:
         return 1, model.threads

@@ -315,6 +315,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="instead: framebatch against this peer on the same frames and model, "
         "alternating rounds (needs the ultralytics extra)",
     )
+    bench.add_argument(
+        "--live",
+        type=float,
+        metavar="SECONDS",
+        help="with --peer: the config's clips as live RTSP cameras at their native rate, "
+        "each side measured for this long (frames/s, p99 latency, drops)",
+    )
     bench.add_argument("--batch-sizes", default="1,4,8", help="detector-alone batch sizes")
     bench.add_argument("--repeats", type=int, default=5, help="timed batches per size and round")
     bench.add_argument(

@@ -25,8 +25,8 @@ from pydantic import (
     model_validator,
 )
 
+from detectors.backends import backend_names, suffixes
 from detectors.catalog import KNOWN_MODELS, known_name, model_path
-from detectors.registry import SUFFIXES
 from pipeline.config_errors import (
     ConfigError,
     Problem,
@@ -44,7 +44,9 @@ from streams.urls import is_live_url, redact_url, url_scheme
 __all__ = ["Config", "ConfigError", "format_validation_errors", "load_config", "parse_config"]
 
 #: Model file suffix -> backend name used by ``backend: auto`` (the detectors' own map).
-MODEL_SUFFIXES: dict[str, str] = SUFFIXES
+MODEL_SUFFIXES: dict[str, str] = suffixes()
+#: ``model.backend``: auto, or a module of ``detectors/backends`` (a new module is a new choice)
+BackendName = Literal[("auto", *backend_names())]  # type: ignore[valid-type]
 _DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")
 #: URL schemes a camera may use; anything without ``scheme://`` is a file path.
 CAMERA_SCHEMES = ("rtsp", "rtsps")
@@ -104,7 +106,7 @@ class ModelConfig(BaseModel):
         description="Model file (relative paths are relative to the config file), or a known "
         "model's name (yolov8n: the ONNX `framebatch models fetch yolov8n` put in the cache)"
     )
-    backend: Literal["auto", "onnxruntime", "torchscript", "ultralytics", "tensorrt"] = Field(
+    backend: BackendName = Field(  # type: ignore[valid-type]
         "auto", description="auto: by file suffix (.onnx, .torchscript, .pt, .engine)"
     )
     imgsz: int = Field(640, ge=32, le=4096, multiple_of=32, description="Input size in pixels")

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from detectors.base import BatchOutput
 from pipeline.batching import Queued
 from streams.messages import FrameMessage
 
@@ -32,8 +33,8 @@ class PreparedBatch:
 
 @dataclass(frozen=True)
 class InferredBatch:
-    """The inferer's output: the detector's raw output for a prepared batch."""
+    """The inferer's output: the detector's output for a prepared batch."""
 
     prepared: PreparedBatch
-    raw: np.ndarray
+    output: BatchOutput
     inferred: float

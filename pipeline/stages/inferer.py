@@ -80,10 +80,10 @@ class Inferer:
         try:
             for batch in self._inbox:
                 self._meter.started(len(batch.frames), instance)
-                raw = self._detector.infer(batch.tensor, instance)
+                output = self._detector.infer(batch.tensor, instance)
                 seconds = self._meter.finished(instance)
                 self._telemetry.batch_inferred(len(batch.frames), seconds)
-                self._outbox.put(InferredBatch(batch, raw, self._clock()))
+                self._outbox.put(InferredBatch(batch, output, self._clock()))
         finally:
             with self._lock:
                 self._running -= 1

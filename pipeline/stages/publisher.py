@@ -56,7 +56,7 @@ class Publisher:
         geometries = [
             LetterboxGeometry(m.width, m.height, m.scale, m.pad_x, m.pad_y) for m in messages
         ]
-        results = self._detector.postprocess(batch.raw, geometries)
+        results = self._detector.postprocess(batch.output, geometries)
         published = self._clock()
         self._sink.write(
             [

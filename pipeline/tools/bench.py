@@ -28,6 +28,7 @@ import numpy as np
 import onnxruntime
 import redis
 
+from detectors.base import BatchOutput
 from detectors.detector import Detector
 from detectors.preprocess import Letterbox, Letterboxed
 from pipeline.builders import check_run_mode, frame_letterbox, load_detector
@@ -77,19 +78,19 @@ class TimedDetector:
     def prepare(self, images: Sequence[np.ndarray]) -> Any:
         return self._timed("prepare", self._inner.prepare, images)[0]
 
-    def infer(self, prepared: Any, instance: int = 0) -> np.ndarray:
+    def infer(self, prepared: Any, instance: int = 0) -> BatchOutput:
         start = time.perf_counter()
-        raw = self._inner.infer(prepared, instance)
+        output = self._inner.infer(prepared, instance)
         end = time.perf_counter()
         with self._infer_lock:  # instances of the model infer on threads of their own
             self.seconds["infer"] += end - start  # instance-seconds: up to instances x wall
             self.first_infer = min(self.first_infer or start, start)
             self.last_infer = max(self.last_infer, end)
-            self.images += len(raw)
-        return raw
+            self.images += len(output)
+        return output
 
-    def postprocess(self, raw: np.ndarray, geometries: Sequence[Any]) -> list[Any]:
-        return self._timed("postprocess", self._inner.postprocess, raw, geometries)[0]
+    def postprocess(self, output: BatchOutput, geometries: Sequence[Any]) -> list[Any]:
+        return self._timed("postprocess", self._inner.postprocess, output, geometries)[0]
 
 
 def machine_info() -> dict[str, Any]:
@@ -156,9 +157,9 @@ def time_detector(detector: Detector, pool: list[Letterboxed], size: int, repeat
             t0 = time.perf_counter()
             tensor = detector.prepare([b.pixels for b in batch])
             t1 = time.perf_counter()
-            raw = detector.infer(tensor, instance)
+            output = detector.infer(tensor, instance)
             t2 = time.perf_counter()
-            detector.postprocess(raw, [b.geometry for b in batch])
+            detector.postprocess(output, [b.geometry for b in batch])
             t3 = time.perf_counter()
             if call:
                 calls.append((t3 - t0, t1 - t0, t2 - t1, t3 - t2))  # list.append is atomic

@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
+from detectors.backends import load_backend
 from detectors.base import BackendOptions
 from detectors.preprocess import Letterbox
-from detectors.registry import load_backend
 
 TARGETS = {"pipeline_vs_raw": 0.9, "batching_vs_batch1": 3.0, "double_vs_single": 1.2}
 

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from detectors.base import ModelInfo
+from detectors.base import BatchOutput, ModelInfo
 from detectors.detector import Detector
 from detectors.postprocess import Thresholds
 from pipeline.accounting import Accounting
@@ -48,7 +48,7 @@ class FakeBackend:
         self.batches += 1
         if self._fail_at is not None and self.batches >= self._fail_at:
             raise RuntimeError("injected inference failure")
-        return np.zeros((len(batch), 5, 1), np.float32)  # one anchor, score 0: no detection
+        return BatchOutput(raw=np.zeros((len(batch), 5, 1), np.float32))  # score 0: nothing
 
     def warmup(self, sizes):
         pass

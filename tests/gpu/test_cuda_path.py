@@ -17,10 +17,10 @@ torch = pytest.importorskip("torch", reason="torch (the framebatch[torch] extra)
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device: the GPU path cannot run here", allow_module_level=True)
 
+from detectors.backends import load_backend  # noqa: E402
 from detectors.base import BackendOptions  # noqa: E402
 from detectors.detector import Detector  # noqa: E402
 from detectors.postprocess import Thresholds  # noqa: E402
-from detectors.registry import load_backend  # noqa: E402
 from tests.conftest import ASSETS, VIDEOS  # noqa: E402
 from tests.integration.matching import unmatched  # noqa: E402
 from tests.integration.test_backends import CLIPS, labeled, sample_frames  # noqa: E402

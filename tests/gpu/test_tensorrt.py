@@ -11,18 +11,18 @@ from typing import Any
 import numpy as np
 import pytest
 
+from detectors.backends.onnxruntime import OnnxRuntimeBackend
 from detectors.base import BackendUnavailable
-from detectors.engine_file import read_engine_file
-from detectors.onnx_backend import OnnxRuntimeBackend
 from detectors.postprocess import Thresholds, postprocess
 from detectors.preprocess import Letterbox
-from detectors.tensorrt_build import (
+from detectors.tensorrt.build import (
     build_engine,
     compare_detections,
     int8_accuracy_report,
     letterboxed_frames,
 )
-from detectors.tensorrt_engine import TensorRTEngine
+from detectors.tensorrt.engine import TensorRTEngine
+from detectors.tensorrt.engine_file import read_engine_file
 
 HAVE_TENSORRT = importlib.util.find_spec("tensorrt") is not None
 OPT_BATCH, MAX_BATCH = 4, 8
@@ -87,7 +87,7 @@ def frames(assets: Path) -> list:
 def onnx_raw(assets: Path, frames: list) -> np.ndarray:
     backend = OnnxRuntimeBackend(model(assets))
     try:
-        return backend.infer(backend.prepare(np.stack([f.pixels for f in frames])))
+        return backend.infer(backend.prepare(np.stack([f.pixels for f in frames]))).raw
     finally:
         backend.close()
 

@@ -17,10 +17,10 @@ import av
 import numpy as np
 import pytest
 
+from detectors.backends import load_backend
 from detectors.base import BackendOptions, BackendUnavailable
 from detectors.detector import Detector
 from detectors.postprocess import ImageDetections, Thresholds
-from detectors.registry import backend_class, load_backend
 from tests.conftest import ASSETS, MODEL, VIDEOS
 from tests.integration.matching import unmatched
 
@@ -137,11 +137,14 @@ def test_torch_results_do_not_depend_on_the_batch(exported, clip_frames):
         assert not unmatched(labeled(one), labeled(batched), min_iou=0.999)
 
 
-def test_missing_torch_names_the_extra(monkeypatch):
+def test_missing_torch_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch now fails
-    monkeypatch.delitem(sys.modules, "detectors.torch_backend", raising=False)
+    for module in ("torchscript", "backend", "runner", "nms"):  # imported again, without torch
+        monkeypatch.delitem(sys.modules, f"detectors.device.{module}", raising=False)
+    model = tmp_path / "m.torchscript"
+    model.write_bytes(b"PK\x03\x04" + bytes(60))  # a zip archive, as TorchScript files are
     with pytest.raises(BackendUnavailable, match=r"framebatch\[torch\]"):
-        backend_class("torchscript")
+        load_backend(model)
 
 
 def test_missing_tensorrt_names_what_to_install(tmp_path, monkeypatch):

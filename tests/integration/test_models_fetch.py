@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from detectors.backends import load_backend
 from detectors.catalog import KNOWN_MODELS, model_path
 from detectors.detector import Detector
 from detectors.postprocess import Thresholds
-from detectors.registry import load_backend
 from pipeline.config import parse_config
 from pipeline.tools.downloads import FetchError, sha256_of
 from pipeline.tools.models import fetch_model

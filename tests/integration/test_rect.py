@@ -15,9 +15,9 @@ import av
 import numpy as np
 import pytest
 
+from detectors.backends import load_backend, takes_any_size
 from detectors.detector import Detector
 from detectors.postprocess import Thresholds
-from detectors.registry import load_backend, takes_any_size
 from pipeline.builders import frame_letterbox
 from pipeline.config import parse_config
 from tests.conftest import MODEL, MODEL_ANY_SIZE, SAMPLE_CLIPS, VIDEOS

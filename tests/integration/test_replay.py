@@ -12,9 +12,9 @@ import json
 import av
 import pytest
 
+from detectors.backends import load_backend
 from detectors.detector import Detector
 from detectors.postprocess import Thresholds
-from detectors.registry import load_backend
 from tests.conftest import MODEL, REFERENCE, VIDEOS
 from tests.integration.matching import unmatched
 from tests.integration.runner import published, run_until_done, write_config

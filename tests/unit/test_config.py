@@ -394,11 +394,11 @@ INVALID = [
     (
         merged(MINIMAL, {"model": {"path": "weights/yolov8n.tflite"}}),
         "model.path: unsupported model file 'yolov8n.tflite' "
-        "(supported suffixes: .onnx, .torchscript, .pt, .engine; or a known model: yolov8n)",
+        "(supported suffixes: .onnx, .engine, .torchscript, .pt; or a known model: yolov8n)",
     ),
     (
         merged(MINIMAL, {"model": {"backend": "openvino"}}),
-        "model.backend: must be 'auto', 'onnxruntime', 'torchscript', 'ultralytics' or 'tensorrt'",
+        "model.backend: must be 'auto', 'onnxruntime', 'tensorrt', 'torchscript' or 'ultralytics'",
     ),
     # redis
     (

@@ -8,11 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from detectors.engine_file import (
+from detectors.tensorrt.engine_file import (
     EngineFileError,
     encode_header,
-    parse_class_names,
-    parse_imgsz,
     read_engine_file,
     sidecar_candidates,
     write_engine_file,
@@ -222,30 +220,3 @@ def test_write_is_atomic_and_refuses_empty(tmp_path: Path) -> None:
     assert not path.exists()
     write_engine_file(path, memoryview(ENGINE), {"names": ["x"]})
     assert [p.name for p in path.parent.iterdir()] == ["m.engine"]  # no partial file left
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [
-        (None, ()),
-        (["a", "b"], ("a", "b")),
-        ({"1": "b", "0": "a"}, ("a", "b")),
-        ({0: "a", 1: "b"}, ("a", "b")),
-        ("{0: 'a', 1: 'b'}", ("a", "b")),
-    ],
-)
-def test_parse_class_names(value: object, expected: tuple[str, ...]) -> None:
-    assert parse_class_names(value) == expected
-
-
-def test_class_names_must_be_numbered_from_zero() -> None:
-    with pytest.raises(ValueError, match="0..1"):
-        parse_class_names({"0": "a", "2": "c"})
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [(None, None), (640, (640, 640)), ([384, 640], (384, 640)), ("(320, 320)", (320, 320))],
-)
-def test_parse_imgsz(value: object, expected: tuple[int, int] | None) -> None:
-    assert parse_imgsz(value) == expected

@@ -9,10 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from detectors.engine_file import read_engine_file, write_engine_file
 from detectors.postprocess import ImageDetections
 from detectors.preprocess import Letterbox, to_network_input
-from detectors.tensorrt_build import (
+from detectors.tensorrt.build import (
     Int8AccuracyReport,
     calibration_batches,
     compare_detections,
@@ -20,6 +19,7 @@ from detectors.tensorrt_build import (
     letterboxed_frames,
     onnx_metadata,
 )
+from detectors.tensorrt.engine_file import read_engine_file, write_engine_file
 
 RNG = np.random.default_rng(7)
 

@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch (the framebatch[torch] extra) is not installed")
 
-from detectors import torch_nms  # noqa: E402
+from detectors.device import nms as torch_nms  # noqa: E402
 from detectors.postprocess import InputDetections, Thresholds, nms, postprocess  # noqa: E402
 from detectors.preprocess import LetterboxGeometry  # noqa: E402
 

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from detectors.base import EXTRAS, BackendOptions, BackendUnavailable, ModelInfo
-from detectors.torch_backend import DeviceBackend, check_device, class_names
+from detectors.device.backend import DeviceBackend, check_device
+from detectors.metadata import class_names
 
 
 class RawOutput(torch.nn.Module):
@@ -68,7 +69,7 @@ class UltralyticsBackend(DeviceBackend):
             backend=self.name,
             input_width=options.imgsz,  # a .pt takes any multiple of its stride
             input_height=options.imgsz,
-            class_names=class_names(facts["names"]),
+            class_names=class_names(facts["names"], 80),  # COCO when it says nothing
         )
         # no CUDA graphs: the Detect head rebuilds its anchor tensors whenever the input shape
         # changes, so a graph would replay the freed anchors of another batch size

@@ -1,33 +1,35 @@
-"""ONNX Runtime backend: the whole batch in one ``session.run`` on the dynamic batch axis."""
+"""ONNX Runtime: the whole batch in one ``session.run`` on the dynamic batch axis; the core
+backend (the CPU provider here, CUDA and TensorRT providers with ``onnxruntime-gpu``)."""
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from detectors.base import BackendOptions, BackendUnavailable, ModelInfo, parse_device
+from detectors.backends import BackendPlugin
+from detectors.base import BackendOptions, BackendUnavailable, BatchOutput, ModelInfo, parse_device
+from detectors.metadata import class_names
 from detectors.preprocess import to_network_input
 
+PLUGIN = BackendPlugin(
+    suffixes=(".onnx",),
+    # an ONNX model is a protobuf whose first field is ir_version (tag 0x08)
+    magic=b"\x08",
+    file_kind="an ONNX model (protobuf)",
+    rect=True,
+    cpu_instances=True,
+)
 COCO_FALLBACK_CLASSES = 80
 
 
-def _class_names(metadata: dict[str, str], class_count: int) -> tuple[str, ...]:
-    """Class names from Ultralytics' ``names`` metadata (a Python dict literal), else numbers."""
-    raw = metadata.get("names")
-    if raw:
-        try:
-            names = ast.literal_eval(raw)
-            return tuple(str(names[i]) for i in range(len(names)))
-        except (ValueError, SyntaxError, KeyError):
-            pass  # malformed metadata: fall back to numeric labels below
-    return tuple(str(i) for i in range(class_count))
+def open_backend(path: Path, options: BackendOptions) -> OnnxRuntimeBackend:
+    return OnnxRuntimeBackend(path, options)
 
 
-def onnx_input_size(path: Path) -> tuple[int | None, int | None]:
+def input_size(path: Path) -> tuple[int | None, int | None]:
     """(height, width) of the model's input, None where the axis is dynamic, read without
     optimising the graph (~60 ms for YOLOv8n, against seconds for a full load)."""
     import onnxruntime as ort
@@ -87,12 +89,16 @@ class OnnxRuntimeBackend:
         output_rows = self._session.get_outputs()[0].shape[1]
         class_count = output_rows - 4 if isinstance(output_rows, int) else COCO_FALLBACK_CLASSES
         metadata = self._session.get_modelmeta().custom_metadata_map
+        try:
+            names = class_names(metadata.get("names"), class_count)
+        except ValueError as exc:
+            raise ValueError(f"{path.name}: malformed model metadata: {exc}") from None
         self.info = ModelInfo(
             path=str(path),
             backend=self.name,
             input_width=width,
             input_height=height,
-            class_names=_class_names(metadata, class_count),
+            class_names=names,
             min_batch=batch if isinstance(batch, int) else 1,
             max_batch=batch if isinstance(batch, int) else None,
             any_size=any_size,
@@ -114,9 +120,9 @@ class OnnxRuntimeBackend:
     def prepare(self, images: Sequence[np.ndarray]) -> np.ndarray:
         return to_network_input(images)
 
-    def infer(self, prepared: np.ndarray) -> np.ndarray:
+    def infer(self, prepared: np.ndarray) -> BatchOutput:
         (output,) = self._session.run(None, {self._input_name: prepared})
-        return output
+        return BatchOutput(raw=output)
 
     def warmup(self, batch_sizes: Sequence[int]) -> None:
         for size in batch_sizes:

@@ -12,7 +12,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from detectors.base import BackendUnavailable
-from detectors.engine_file import EngineFile, read_engine_file
+from detectors.tensorrt.engine_file import EngineFile, read_engine_file
 
 if TYPE_CHECKING:
     import torch

@@ -11,8 +11,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from detectors.base import BackendOptions, ModelInfo
-from detectors.tensorrt_engine import TensorRTEngine, import_tensorrt
-from detectors.torch_backend import DeviceBackend, check_device
+from detectors.device.backend import DeviceBackend, check_device
+from detectors.tensorrt.engine import TensorRTEngine, import_tensorrt
 
 
 class TensorRTBackend(DeviceBackend):

@@ -12,13 +12,16 @@ with a key Ultralytics reads. Pure Python: nothing here needs TensorRT.
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from detectors.metadata import class_names as read_class_names
+from detectors.metadata import imgsz as read_imgsz
+from detectors.metadata import literal
 
 LENGTH_BYTES = 4  # int32, little-endian, signed: as Ultralytics writes it
 OUR_KEY = "framebatch"
@@ -172,8 +175,8 @@ def _typed(
         engine_size=size - offset,
         has_header=has_header,
         sidecar=sidecar,
-        class_names=parse_class_names(metadata.get("names")),
-        imgsz=parse_imgsz(metadata.get("imgsz")),
+        class_names=read_class_names(metadata.get("names")),
+        imgsz=read_imgsz(metadata.get("imgsz")),
         min_batch=batches[0],
         opt_batch=batches[1],
         max_batch=batches[2],
@@ -182,43 +185,11 @@ def _typed(
     )
 
 
-def _literal(value: Any) -> Any:
-    """Ultralytics' ONNX/YAML metadata stores dicts and lists as Python literals in strings."""
-    return ast.literal_eval(value) if isinstance(value, str) else value
-
-
 def _mapping(value: Any, key: str) -> dict[str, Any]:
-    value = _literal(value) if value is not None else {}
+    value = literal(value) if value is not None else {}
     if not isinstance(value, dict):
         raise ValueError(f"{key!r} must be an object, got {type(value).__name__}")
     return value
-
-
-def parse_class_names(value: Any) -> tuple[str, ...]:
-    """``{"0": "person", ...}`` (JSON), ``{0: "person"}``, ``["person", ...]`` or their literal."""
-    value = _literal(value)
-    if value is None:
-        return ()
-    if isinstance(value, dict):
-        indexed = {int(key): str(name) for key, name in value.items()}
-        if sorted(indexed) != list(range(len(indexed))):
-            raise ValueError(f"'names' must number the classes 0..{len(indexed) - 1}")
-        return tuple(indexed[i] for i in range(len(indexed)))
-    if isinstance(value, list | tuple):
-        return tuple(str(name) for name in value)
-    raise ValueError(f"'names' must be a list or an object, got {type(value).__name__}")
-
-
-def parse_imgsz(value: Any) -> tuple[int, int] | None:
-    """``640`` or ``[height, width]`` (Ultralytics' order) as ``(height, width)``."""
-    value = _literal(value)
-    if value is None:
-        return None
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value, value
-    if isinstance(value, list | tuple) and len(value) == 2:
-        return int(value[0]), int(value[1])
-    raise ValueError(f"'imgsz' must be an int or [height, width], got {value!r}")
 
 
 def _optional_int(value: Any, key: str) -> int | None:
@@ -240,7 +211,7 @@ def _batch_range(
     batch = _optional_int(metadata.get("batch"), "batch")
     if batch is None:
         return None, None, None
-    if _literal(args.get("dynamic")):
+    if literal(args.get("dynamic")):
         # Ultralytics' dynamic export: profile 1..batch; its opt changed across versions.
         return 1, None, batch
     return batch, batch, batch
@@ -250,7 +221,7 @@ def _flag(ours: Any, legacy: Any, quantize: Any, bits: int) -> bool | None:
     """Ours, else Ultralytics' ``args.half``/``args.int8``, else its newer ``args.quantize``."""
     for value in (ours, legacy):
         if value is not None:
-            return bool(_literal(value))
+            return bool(literal(value))
     if quantize is not None:
         return str(quantize).lower().removeprefix("fp").removeprefix("int") == str(bits)
     return None

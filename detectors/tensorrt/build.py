@@ -8,7 +8,6 @@ Ultralytics' JSON header (see ``engine_file``). TensorRT 10.x; imported lazily.
 
 from __future__ import annotations
 
-import ast
 import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -19,15 +18,16 @@ from typing import Any
 import numpy as np
 
 from detectors.base import BackendUnavailable
-from detectors.engine_file import OUR_KEY, parse_class_names, write_engine_file
+from detectors.metadata import class_names, literal
 from detectors.postprocess import ImageDetections, Thresholds, postprocess
 from detectors.preprocess import Letterbox, Letterboxed, to_network_input
-from detectors.tensorrt_engine import (
+from detectors.tensorrt.engine import (
     TensorRTEngine,
     import_tensorrt,
     import_torch_cuda,
     tensorrt_major,
 )
+from detectors.tensorrt.engine_file import OUR_KEY, write_engine_file
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +95,10 @@ def engine_metadata(
     metadata: dict[str, Any] = {}
     for key, value in base.items():
         if key in LITERAL_KEYS and isinstance(value, str):
-            value = ast.literal_eval(value)  # ONNX metadata stores Python literals
+            value = literal(value)  # ONNX metadata stores Python literals
         metadata[key] = value
     if "names" in metadata:
-        metadata["names"] = dict(enumerate(parse_class_names(metadata["names"])))
+        metadata["names"] = dict(enumerate(class_names(metadata["names"])))
     args = dict(metadata.get("args") or {})
     args.update(batch=max_batch, half=half, int8=int8, dynamic=min_batch != max_batch)
     metadata.update(imgsz=list(imgsz), batch=max_batch, args=args)
@@ -415,7 +415,7 @@ def compare_detections(
 def _detect(engine: TensorRTEngine, batch: list[Letterboxed], thresholds: Thresholds) -> list:
     import torch
 
-    from detectors.device_runner import normalise
+    from detectors.device.runner import normalise
 
     pixels = torch.from_numpy(np.stack([b.pixels for b in batch])).to(engine.device)
     raw = engine(normalise(pixels, engine.input_dtype))

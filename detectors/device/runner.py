@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from detectors.base import BackendOptions
+from detectors.device.nms import decode_nms
 from detectors.postprocess import InputDetections
-from detectors.torch_nms import decode_nms
 
 #: Slots in flight: one being filled by the reader, one waiting for the detector, one computing.
 SLOTS = 3
