@@ -217,20 +217,31 @@ def decode_threads(config: Config) -> int:
 
 
 def decoder_spec(
-    camera: CameraConfig, *, default_backlog: int, until_done: bool, decode_threads: int = 0
+    camera: CameraConfig,
+    *,
+    default_backlog: int,
+    until_done: bool,
+    decode_threads: int = 0,
+    live_backlog: int | None = None,
 ) -> DecoderSpec:
-    """How a camera's decode worker behaves in this run."""
+    """How a camera's decode worker behaves in this run.  ``live_backlog``: the default
+    backlog of a camera that drops frames (live, or a file played like one), when smaller:
+    frames beyond it only age while they wait, so its decoder skips them at the source."""
     live = camera.is_live
     realtime = True if live else bool(camera.realtime)
+    # Replays never drop; a file played "like a camera" in the daemon keeps the freshest frames.
+    backpressure = not live and (until_done or not realtime)
+    backlog = (
+        default_backlog if backpressure else min(default_backlog, live_backlog or default_backlog)
+    )
     return DecoderSpec(
         camera=camera.id,
         url=camera.url,
         live=live,
         realtime=realtime,
         loop=camera.loop,
-        # Replays never drop; a file played "like a camera" in the daemon keeps the freshest frames.
-        backpressure=not live and (until_done or not realtime),
-        max_backlog=camera.max_backlog or default_backlog,
+        backpressure=backpressure,
+        max_backlog=camera.max_backlog or backlog,
         fps=camera.fps,
         vid_stride=camera.vid_stride,
         max_fps=camera.max_fps,

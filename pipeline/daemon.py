@@ -298,6 +298,9 @@ class Pipeline:
                 default_backlog=self.config.redis.frames_maxlen,
                 until_done=self.until_done,
                 decode_threads=threads,
+                # a live camera keeps at most one batch waiting in its stream: beyond that the
+                # pipeline is behind, and older frames would only raise the latency
+                live_backlog=self.config.batching.max_batch_size,
             )
             decoders.append(_Decoder(spec, self._spawn(spec, letterbox, keys, stop)))
         return decoders

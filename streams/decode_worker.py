@@ -226,6 +226,15 @@ class DecodeWorker:
             if self._sheds and captured < self._redis_retry_at:
                 self._shed_for_redis()  # Redis is away: the freshest frames matter, not these
                 continue
+            if self._sheds:
+                try:
+                    behind = self._behind()
+                except OUTAGE_ERRORS:
+                    self._redis_failed()
+                    continue
+                if behind:
+                    self.seq += 1  # a gap, counted as overflow like a frame MAXLEN trimmed
+                    continue
             prepared = self._prepare(decoded.image)
             if self.spec.backpressure and not self._wait_for_room(stop):
                 return
@@ -267,9 +276,7 @@ class DecodeWorker:
             except OUTAGE_ERRORS:
                 if not self._sheds:
                     raise  # a file job waited reconnect_timeout_s for Redis already
-                self._redis_retry_at = self._clock() + self._redis_backoff_s
-                self._redis_backoff_s = min(2 * self._redis_backoff_s, REDIS_RETRY_MAX_S)
-                self._shed_for_redis()
+                self._redis_failed()
                 continue
             self._redis_backoff_s = REDIS_RETRY_MIN_S
             self.seq += 1
@@ -279,6 +286,33 @@ class DecodeWorker:
         supervisor ends the session with it if this process dies."""
         progress = {"session": self.session, "frames": frames, "redis_down": self.redis_down}
         pipe.hset(self._keys.progress(self.spec.camera), mapping=progress)
+
+    def _redis_failed(self) -> None:
+        """Redis did not answer a camera that sheds: this frame is shed, and the next ones
+        until a retry, later and later while it stays away."""
+        self._redis_retry_at = self._clock() + self._redis_backoff_s
+        self._redis_backoff_s = min(2 * self._redis_backoff_s, REDIS_RETRY_MAX_S)
+        self._shed_for_redis()
+
+    def _behind(self) -> bool:
+        """A camera that sheds (live) whose stream holds its whole backlog: the batcher is
+        behind, and this frame would only push an older one out (MAXLEN) after paying for its
+        colour conversion, letterbox and trip through Redis.  It is skipped before all that
+        instead (the caller leaves its seq as a gap, counted as overflow).
+
+        Room is asked for only when the room seen last is used up (only this worker adds to
+        the stream); that round trip also records the session's progress, so a decoder that
+        dies after skipping frames still has them counted."""
+        if self._room <= 0:
+            pipe = self._frames_redis.pipeline(transaction=False)
+            self._record_progress(pipe, frames=self.seq + 1)
+            pipe.xlen(self._stream_key)
+            _, backlog = pipe.execute()
+            self._room = self.spec.max_backlog - backlog
+            if self._room <= 0:
+                return True
+        self._room -= 1
+        return False
 
     def _shed_for_redis(self) -> None:
         """A decoded frame Redis could not take: its seq is used up (a gap the batcher sees)

@@ -13,6 +13,7 @@ PLUGIN = BackendPlugin(
     extra="ultralytics",
     magic=b"PK",
     file_kind="a PyTorch checkpoint (zip)",
+    rect=True,
 )
 
 
@@ -20,3 +21,9 @@ def open_backend(path: Path, options: BackendOptions) -> Backend:
     from detectors.device.checkpoint import UltralyticsBackend
 
     return UltralyticsBackend(path, options)
+
+
+def input_size(path: Path) -> tuple[int | None, int | None]:
+    """A YOLOv8 checkpoint takes any multiple of its stride: its head makes its anchors from
+    each input's own shape."""
+    return None, None

@@ -70,6 +70,7 @@ class UltralyticsBackend(DeviceBackend):
             input_width=options.imgsz,  # a .pt takes any multiple of its stride
             input_height=options.imgsz,
             class_names=class_names(facts["names"], 80),  # COCO when it says nothing
+            any_size=True,
         )
         # no CUDA graphs: the Detect head rebuilds its anchor tensors whenever the input shape
         # changes, so a graph would replay the freed anchors of another batch size

@@ -46,6 +46,21 @@ class _Slot:
     device: torch.Tensor  # (max_batch, H, W, 3) uint8 on the model's device (the host on CPU)
     uploaded: Any  # torch.cuda.Event, None on the CPU
 
+    def batch(self, size: int, height: int, width: int) -> tuple[np.ndarray, torch.Tensor]:
+        """(host numpy, device tensor) views of the slot's first bytes as a contiguous
+        (size, height, width, 3) batch: a rectangular batch (640x384) of a model that takes any
+        size uses part of a slot sized for the full square."""
+        count = size * height * width * 3
+        shape = (size, height, width, 3)
+        return (
+            self.host_view.reshape(-1)[:count].reshape(shape),
+            self.device.view(-1)[:count].view(shape),
+        )
+
+    def host_batch(self, size: int, height: int, width: int) -> torch.Tensor:
+        count = size * height * width * 3
+        return self.host.view(-1)[:count].view(size, height, width, 3)
+
 
 @dataclass(frozen=True)
 class StagedBatch:
@@ -53,6 +68,11 @@ class StagedBatch:
 
     slot: _Slot
     size: int
+    height: int
+    width: int
+
+    def on_device(self) -> torch.Tensor:
+        return self.slot.batch(self.size, self.height, self.width)[1]
 
 
 def normalise(images: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -119,7 +139,7 @@ class DeviceRunner:
         self.device = torch.device(options.device)
         self.cuda = self.device.type == "cuda"
         self._graphs_on = options.cuda_graphs and graphs_allowed and self.cuda
-        self._graphs: dict[int, _GraphedForward] = {}
+        self._graphs: dict[tuple[int, int, int], _GraphedForward] = {}  # (size, H, W)
         self._height, self._width = height, width
         self._free: queue.Queue[_Slot] = queue.Queue()
         shape = (options.max_batch, height, width, 3)
@@ -144,18 +164,24 @@ class DeviceRunner:
         size = len(images)
         if size > self._options.max_batch:
             raise ValueError(f"batch of {size} exceeds max_batch {self._options.max_batch}")
+        height, width = images[0].shape[:2]
+        if height > self._height or width > self._width:
+            raise ValueError(
+                f"{width}x{height} images exceed the model's {self._width}x{self._height}"
+            )
         slot = self._free.get()
         try:
+            host, device = slot.batch(size, height, width)
             for index, image in enumerate(images):
-                slot.host_view[index] = image
-        except BaseException:  # e.g. an image of the wrong size: the slot was never used
+                host[index] = image
+        except BaseException:  # e.g. images of two sizes: the slot was never used
             self._free.put(slot)
             raise
         if self.cuda and self._options.double_buffer:
             with torch.cuda.stream(self._upload_stream):
-                slot.device[:size].copy_(slot.host[:size], non_blocking=True)
+                device.copy_(slot.host_batch(size, height, width), non_blocking=True)
                 slot.uploaded.record(self._upload_stream)
-        return StagedBatch(slot, size)
+        return StagedBatch(slot, size, height, width)
 
     def run(self, staged: StagedBatch) -> np.ndarray | list[InputDetections]:
         """Run a staged batch to the end; returns NMS results (or the raw output, ``nms: host``)."""
@@ -163,12 +189,14 @@ class DeviceRunner:
         try:
             stream = torch.cuda.stream(self._compute_stream) if self.cuda else nullcontext()
             with stream, torch.inference_mode():
+                images = staged.on_device()
                 if self.cuda:
                     if self._options.double_buffer:
                         self._compute_stream.wait_event(slot.uploaded)
                     else:
-                        slot.device[:size].copy_(slot.host[:size], non_blocking=True)
-                raw = self._forward(slot.device[:size])
+                        host = slot.host_batch(size, staged.height, staged.width)
+                        images.copy_(host, non_blocking=True)
+                raw = self._forward(images)
                 if self._options.nms == "host":
                     return raw.float().cpu().numpy()  # synchronises
                 return self._nms_to_host(raw)
@@ -181,7 +209,7 @@ class DeviceRunner:
             self._free.put(slot)  # its batch has finished on the device (synchronised above)
 
     def _forward(self, images: torch.Tensor) -> torch.Tensor:
-        graph = self._graphs.get(len(images))
+        graph = self._graphs.get(tuple(images.shape[:3]))  # (size, height, width)
         return graph(images) if graph is not None else self._normalised_model(images)
 
     def _normalised_model(self, images: torch.Tensor) -> torch.Tensor:
@@ -217,15 +245,11 @@ class DeviceRunner:
                 blank = [np.full((self._height, self._width, 3), 114, np.uint8)] * size
                 for _ in range(WARMUP_RUNS):
                     self.run(self.stage(blank))
-                if self._graphs_on and size not in self._graphs:
+                key = (size, self._height, self._width)
+                if self._graphs_on and key not in self._graphs:
                     with torch.inference_mode():
-                        example = torch.full(
-                            (size, self._height, self._width, 3),
-                            114,
-                            dtype=torch.uint8,
-                            device=self.device,
-                        )
-                        self._graphs[size] = _GraphedForward(self._normalised_model, example, pool)
+                        example = torch.full((*key, 3), 114, dtype=torch.uint8, device=self.device)
+                        self._graphs[key] = _GraphedForward(self._normalised_model, example, pool)
             if self.cuda:
                 torch.cuda.synchronize(self.device)
 

@@ -17,11 +17,11 @@ import av
 import numpy as np
 import pytest
 
-from detectors.backends import load_backend
+from detectors.backends import load_backend, takes_any_size
 from detectors.base import BackendOptions, BackendUnavailable
 from detectors.detector import Detector
 from detectors.postprocess import ImageDetections, Thresholds
-from tests.conftest import ASSETS, MODEL, VIDEOS
+from tests.conftest import ASSETS, MODEL, MODEL_ANY_SIZE, VIDEOS
 from tests.integration.matching import unmatched
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -135,6 +135,37 @@ def test_torch_results_do_not_depend_on_the_batch(exported, clip_frames):
     together = detector.detect_frames(frames)
     for one, batched in zip(alone, together, strict=True):
         assert not unmatched(labeled(one), labeled(batched), min_iou=0.999)
+
+
+@pytest.mark.parametrize("nms", ["device", "host"])
+def test_checkpoint_runs_rectangular_batches_like_onnxruntime(assets, clip_frames, nms):
+    """``.pt`` on the device path takes 640x384 batches of 16:9 frames (part of a slot sized
+    for 640x640) and finds what ONNX Runtime's dynamic model finds on the same rectangles;
+    a batch of 4 equals its frames run alone."""
+    pytest.importorskip("ultralytics", reason="the Ultralytics extra is not installed")
+    backend = load_backend(CHECKPOINT, threads=2, max_batch=8, nms=nms)
+    assert backend.info.any_size and takes_any_size(CHECKPOINT)
+    checkpoint = Detector(backend, thresholds=Thresholds())
+    onnx = Detector(load_backend(MODEL_ANY_SIZE, threads=2), thresholds=Thresholds())
+    for clip in CLIPS[:2]:  # 1920x1080 and 960x540: both 640x384
+        frames = clip_frames[clip][:8]
+        expected = [onnx.detect_frames([frame], rect=True)[0] for frame in frames]
+        batched = []
+        for start in range(0, len(frames), 4):
+            batched += checkpoint.detect_frames(frames[start : start + 4], rect=True)
+        alone = [checkpoint.detect_frames([frame], rect=True)[0] for frame in frames[:2]]
+        problems = [
+            f"{clip} #{index}: {problem}"
+            for index, (want, got) in enumerate(zip(expected, batched, strict=True))
+            for problem in unmatched(labeled(want), labeled(got))
+        ]
+        problems += [
+            f"{clip} #{index} alone: {problem}"
+            for index, (one, many) in enumerate(zip(alone, batched[:2], strict=True))
+            for problem in unmatched(labeled(one), labeled(many), min_iou=0.999)
+        ]
+        assert not problems, "\n".join(problems[:20])
+    assert sum(len(r.boxes) for r in expected) > 5
 
 
 def test_missing_torch_names_the_extra(tmp_path, monkeypatch):
