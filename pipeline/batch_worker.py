@@ -7,7 +7,8 @@ queued (:mod:`pipeline.stages`):
 * publisher: post-processes, writes detection messages to the sinks in dispatch order, then
   acknowledges.
 
-The hand-offs hold one batch each, so at most instances + 3 batches are in memory at once.
+The hand-offs hold one batch each, so about instances + 3 batches are in memory at once (a few
+more while the publisher holds batches that finished before an earlier one).
 """
 
 from __future__ import annotations

@@ -125,10 +125,11 @@ def run_shape(config: Config, info: ModelInfo) -> tuple[int, int]:
 def inference_instances(config: Config, device: str) -> tuple[int, int | None]:
     """(instances of the model, threads each) for one detector worker on ``device``.
 
-    Unset, ONNX Runtime on a CPU with two threads or more runs two one-half sessions side by
-    side: YOLOv8n's small layers leave a two-thread session waiting on its own thread pool's
-    barriers, and two sessions keep both cores busy (measured 1.12-1.17x the images/s of one
-    session at batch 8, docs/benchmarks.md).  More than two only lengthens each batch.
+    Unset, ONNX Runtime on a CPU with two threads or more runs two sessions side by side, with
+    half the threads each: YOLOv8n's small layers leave a two-thread session waiting at its own
+    thread pool's barriers, and two sessions keep both cores busy (measured 1.12-1.17x the
+    images/s of one session at batch 8, docs/benchmarks.md).  More than two would only
+    lengthen each batch.
     """
     model = config.model
     threads = model.threads or len(os.sched_getaffinity(0))

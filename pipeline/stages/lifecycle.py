@@ -116,7 +116,7 @@ class Handoff(Generic[T]):
 
     def __iter__(self) -> Iterator[T]:
         """Items until closed, or until a stage failed.  Several threads may take from one
-        hand-off (instances of the detector); each gets each item once, and every one the end."""
+        hand-off (instances of the detector): each item goes to one of them, the end to all."""
         while not self._lifecycle.failed:
             try:
                 item = self._queue.get(timeout=POLL_S)
