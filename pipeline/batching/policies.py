@@ -74,8 +74,11 @@ class BatchPolicy(Generic[T]):
         if not self.waiting:
             return Decision([], [], None)
         size = self.size_now(now) if idle else 0
-        # can each frame still finish in time in the batch it would go in now?
-        horizon = start_delay_s + self.service.estimate(size or max(self.fit(self.waiting), 1))
+        if size:  # no larger than the frames that can finish by their deadlines
+            size = self.fresh_size(size, now + start_delay_s)
+        # what cannot finish in time is dropped: frames this batch would finish late, or, with
+        # no batch now, frames that would be late even alone after the batch ahead of them
+        horizon = start_delay_s + self.service.estimate(max(size, 1))
         dropped = self.queues.expire(now, horizon)
         if dropped and size:  # fewer frames now: never more than are left
             size = min(size, self.fit(self.waiting))
@@ -92,6 +95,19 @@ class BatchPolicy(Generic[T]):
         while self.waiting:
             batches.append(self.queues.take(self.max_batch_size))
         return batches
+
+    def fresh_size(self, size: int, start: float) -> int:
+        """The largest batch, up to ``size``, whose frames can all finish by their freshness
+        deadlines when it starts at ``start``: at least that many waiting frames finish in time
+        at its service time. Sizing the batch to the deadline, not the deadline to the batch: a
+        busy detector's full batch can outlast a short deadline, and dropping every frame that
+        would miss it starves the pipeline (0 frames out while all of them are late)."""
+        if not self.queues.expires_before(start + self.service.estimate(size)):
+            return size
+        for smaller in range(size, 0, -1):
+            if self.queues.in_time(start + self.service.estimate(smaller)) >= smaller:
+                return self.fit(smaller)
+        return 0
 
     def fit(self, available: int) -> int:
         """The size to dispatch from ``available`` frames: the largest preferred size that fits,

@@ -8,7 +8,8 @@
 * **Windows**: a frame must be dispatched ``window`` after it arrived, where the window is
   ``max_wait_frames`` of the camera's *measured* frame interval, capped by ``max_wait_ms``.
 * **Freshness**: a frame whose ``max_frame_age_ms`` (from capture) would pass before its batch
-  could finish is dropped before inference (cause ``stale``); ``keep_latest`` cameras keep only
+  could finish is dropped before inference (cause ``stale``; the policy sizes the batch to the
+  deadlines first, see ``BatchPolicy.fresh_size``); ``keep_latest`` cameras keep only
   their newest frame (cause ``superseded``).
 * Each camera's frames leave in arrival order.
 """
@@ -216,6 +217,22 @@ class FrameQueues(Generic[T]):
                         del self._minimum[name]
                 return frame
         raise RuntimeError("evict called with nothing waiting")
+
+    def expires_before(self, finish: float) -> bool:
+        """Whether some waiting frame's freshness deadline passes before ``finish``."""
+        earliest = self._min_time("expires")
+        return earliest is not None and earliest < finish
+
+    def in_time(self, finish: float) -> int:
+        """Waiting frames that are still fresh at ``finish`` (or have no deadline)."""
+        late = sum(
+            1
+            for state in self._cameras.values()
+            if state.rules.max_frame_age_ms is not None
+            for q in state.queue
+            if q.expires is not None and q.expires < finish
+        )
+        return self._waiting - late
 
     def expire(self, now: float, service_s: float) -> list[Dropped[T]]:
         """Drop frames that cannot make their freshness deadline even if dispatched now."""

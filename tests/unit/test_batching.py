@@ -541,19 +541,21 @@ def test_flush_returns_everything_in_bounded_batches(
 
 
 @pytest.mark.parametrize(
-    ("policy_class", "preferred", "a", "c", "now", "stale"),
+    ("policy_class", "preferred", "a", "c", "now", "stale", "sent"),
     [
-        (TimeoutPolicy, (), 0.05, 0.0, 0.04, 0),  # finishes at 0.09: in time
-        (TimeoutPolicy, (), 0.05, 0.0, 0.05, 0),  # finishes exactly at the deadline
-        (TimeoutPolicy, (), 0.05, 0.0, 0.06, 1),  # would finish at 0.11: dropped before inference
-        (TimeoutPolicy, (), 0.0, 0.0, 0.1, 0),
-        # the horizon is the batch it would go in now: all 3 waiting, t(3) = 0.06
-        (TimeoutPolicy, (), 0.0, 0.02, 0.05, 1),
-        (TimeoutPolicy, (), 0.0, 0.02, 0.035, 0),
-        (TimeoutPolicy, (2,), 0.0, 0.02, 0.05, 0),  # a preferred batch of 2: t(2) = 0.04
-        (TimeoutPolicy, (2,), 0.0, 0.02, 0.07, 1),
-        (Batch1Policy, (), 0.0, 0.02, 0.05, 0),  # alone: t(1) = 0.02
-        (Batch1Policy, (), 0.0, 0.02, 0.09, 1),
+        (TimeoutPolicy, (), 0.05, 0.0, 0.04, 0, 3),  # finishes at 0.09: in time
+        (TimeoutPolicy, (), 0.05, 0.0, 0.05, 0, 3),  # finishes exactly at the deadline
+        # no batch finishes before 0.11: dropped before inference, the others go
+        (TimeoutPolicy, (), 0.05, 0.0, 0.06, 1, 2),
+        (TimeoutPolicy, (), 0.0, 0.0, 0.1, 0, 3),
+        # all 3 would finish at 0.11; a batch of 2 finishes at 0.09, and live0 goes in it
+        (TimeoutPolicy, (), 0.0, 0.02, 0.05, 0, 2),
+        (TimeoutPolicy, (), 0.0, 0.02, 0.035, 0, 3),
+        (TimeoutPolicy, (2,), 0.0, 0.02, 0.05, 0, 2),  # a preferred batch of 2: t(2) = 0.04
+        # a batch of 2 ends at 0.11: the two files go, not live0 alone (the largest batch in time)
+        (TimeoutPolicy, (2,), 0.0, 0.02, 0.07, 1, 2),
+        (Batch1Policy, (), 0.0, 0.02, 0.05, 0, 1),  # alone: t(1) = 0.02
+        (Batch1Policy, (), 0.0, 0.02, 0.09, 1, 1),
     ],
 )
 def test_poll_drops_frames_that_would_finish_stale(
@@ -563,6 +565,7 @@ def test_poll_drops_frames_that_would_finish_stale(
     c: float,
     now: float,
     stale: int,
+    sent: int,
 ) -> None:
     policy = build(
         policy_class,
@@ -576,7 +579,35 @@ def test_poll_drops_frames_that_would_finish_stale(
     fill(policy, [("file", 0.0), ("file", 0.0)])  # no freshness deadline
     decision = policy.poll(now)
     assert [(d.frame.item, d.cause) for d in decision.dropped] == [("live0", "stale")] * stale
+    assert len(decision.batch) == sent
     assert policy.waiting + len(decision.batch) == 3 - stale
+    finish = now + policy.service.estimate(sent)
+    assert all(q.expires is None or q.expires >= finish for q in decision.batch)
+
+
+@pytest.mark.parametrize("policy_class", [TimeoutPolicy, AdaptivePolicy])
+@pytest.mark.parametrize("start_delay_s", [0.0, 0.18, 0.38])
+def test_a_deadline_shorter_than_a_full_batch_sizes_the_batch_instead_of_starving(
+    policy_class: type[BatchPolicy], start_delay_s: float
+) -> None:
+    """Overload with a short deadline: a full batch (t(8) = 0.45 s) behind the running one
+    always ends late, so dropping every frame late *in that batch* processed nothing (measured:
+    8 frames in 36 s). The batch is sized to what still makes it."""
+    live = CameraRules(max_frame_age_ms=500, max_wait_ms=0)
+    policy = build(
+        policy_class,
+        8,
+        default_rules=live,
+        service=ServiceModel(a=0.05, c=0.05),
+        **({"timeout_s": 0.0} if policy_class is TimeoutPolicy else {}),
+    )
+    add_now(policy, [(f"c{i % 4}", 0.0) for i in range(16)])  # captured now: 0.5 s of slack
+    decision = policy.poll(0.0, start_delay_s=start_delay_s)
+    largest = max(b for b in range(1, 9) if start_delay_s + 0.05 + 0.05 * b <= 0.5)
+    assert (len(decision.batch), decision.dropped) == (largest, [])
+    # not idle (the detector busy): only frames late even alone after the running batch go
+    assert policy.poll(0.0, idle=False, start_delay_s=start_delay_s).dropped == []
+    assert len(policy.poll(0.0, idle=False, start_delay_s=0.41).dropped) == 16 - largest
 
 
 def test_aimd_freshness_horizon_is_the_batch_it_would_send() -> None:
@@ -594,7 +625,7 @@ def test_aimd_freshness_horizon_is_the_batch_it_would_send() -> None:
     assert (items(decision.batch), decision.dropped) == (["live0"], [])
 
 
-def test_adaptive_freshness_horizon_is_the_batch_it_would_send() -> None:
+def test_adaptive_sizes_its_batch_to_the_earliest_deadline() -> None:
     fleet = CameraRules(max_wait_frames=2, max_wait_ms=100, fps=20)
     live = CameraRules(max_wait_frames=2, max_wait_ms=100, fps=20, max_frame_age_ms=50)
     policy = build(
@@ -609,11 +640,13 @@ def test_adaptive_freshness_horizon_is_the_batch_it_would_send() -> None:
         policy.add(f"c{i}", 0, -0.05, "warm-up", -0.05)
     policy.flush()
     add_now(policy, [(f"c{i}", 0.0) for i in range(8)])  # c0's frame expires at 0.05
-    decision = policy.poll(0.0)  # the batch of 8 it waited for would finish at t(8) = 0.06
-    finish = policy.service.estimate(len(decision.batch))
-    sent_stale = [q.item for q in decision.batch if q.expires is not None and q.expires < finish]
-    assert sent_stale == []
-    assert [(d.frame.camera, d.cause) for d in decision.dropped] == [("c0", "stale")]
+    # the batch of 8 it waited for would finish at t(8) = 0.06, after c0's deadline; 7 would
+    # too (0.055), so the preferred 4 goes (0.04), c0 in it
+    decision = policy.poll(0.0)
+    assert (items(decision.batch), decision.dropped) == (
+        ["c0@0.0", "c1@0.0", "c2@0.0", "c3@0.0"],
+        [],
+    )
 
 
 # --- properties ---------------------------------------------------------------------------
