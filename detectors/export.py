@@ -38,6 +38,7 @@ class ExportRequest:
     imgsz: int = 640
     max_batch: int = 32
     opt_batch: int = 8  # the engine profile's optimum: the batcher's preferred size
+    rect: bool = True  # an engine's profile also spans heights and widths (model.rect)
     half: bool = False
     int8: bool = False
     calib_clips: tuple[Path, ...] = ()
@@ -188,6 +189,7 @@ def _export_engine(request: ExportRequest) -> Path:
     cache_dir = request.target.parent
     build = dict(
         imgsz=request.imgsz,
+        rect=request.rect,
         min_batch=1,
         opt_batch=request.opt_batch,
         max_batch=request.max_batch,

@@ -172,6 +172,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         imgsz=args.imgsz,
         max_batch=args.max_batch,
         opt_batch=args.opt_batch,
+        rect=args.rect,
         half=args.half,
         int8=args.int8,
         calib_clips=tuple(Path(clip) for clip in args.calib_clips or ()),
@@ -369,6 +370,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=8,
         help="engine profile optimum: the batcher's preferred size (default: %(default)s)",
+    )
+    export.add_argument(
+        "--rect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="engine profile over heights and widths up to --imgsz, for rectangular batches "
+        "(model.rect); --no-rect: the square only (default: rect)",
     )
     export.add_argument(
         "--half", action="store_true", help="FP16 (engine; onnx/torchscript on CUDA)"

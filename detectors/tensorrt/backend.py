@@ -35,6 +35,7 @@ class TensorRTBackend(DeviceBackend):
             class_names=engine.class_names,
             min_batch=engine.min_batch,
             max_batch=engine.max_batch,
+            any_size=engine.any_size,
         )
         self._engine = engine
         # an engine already runs its own tuned kernels; graphs around enqueueV3 are left out

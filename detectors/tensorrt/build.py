@@ -1,6 +1,7 @@
 """Build a dynamic-batch TensorRT engine from a YOLOv8 ONNX model, and check INT8 against FP16.
 
-One optimisation profile on the input (min, opt = the preferred batch, max); FP16 and/or INT8
+One optimisation profile on the input (min, opt = the preferred batch, max; with ``rect`` over
+height and width too); FP16 and/or INT8
 (entropy calibration on letterboxed frames normalised exactly as at run time, with a
 calibration cache); a timing cache file that makes rebuilds fast; the engine written with
 Ultralytics' JSON header (see ``engine_file``). TensorRT 10.x; imported lazily.
@@ -89,6 +90,7 @@ def engine_metadata(
     max_batch: int,
     half: bool,
     int8: bool,
+    rect: bool = False,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The JSON header: Ultralytics' keys (JSON types, not literal strings) plus ours."""
@@ -100,7 +102,7 @@ def engine_metadata(
     if "names" in metadata:
         metadata["names"] = dict(enumerate(class_names(metadata["names"])))
     args = dict(metadata.get("args") or {})
-    args.update(batch=max_batch, half=half, int8=int8, dynamic=min_batch != max_batch)
+    args.update(batch=max_batch, half=half, int8=int8, dynamic=rect or min_batch != max_batch)
     metadata.update(imgsz=list(imgsz), batch=max_batch, args=args)
     metadata[OUR_KEY] = {
         "min_batch": min_batch,
@@ -108,6 +110,7 @@ def engine_metadata(
         "max_batch": max_batch,
         "half": half,
         "int8": int8,
+        "rect": rect,
         **(extra or {}),
     }
     return metadata
@@ -180,11 +183,33 @@ def _parse_onnx(trt: Any, builder: Any, logger: Any, onnx_path: Path) -> tuple[A
     return network, parser  # the parser must outlive the network's weights until the build
 
 
+#: The smallest side a rectangular profile takes: one stride (as Ultralytics' dynamic engines).
+MIN_SIDE = 32
+
+Shape = tuple[int, int, int, int]
+
+
+def profile_shapes(
+    *, min_batch: int, opt_batch: int, max_batch: int, height: int, width: int, rect: bool
+) -> tuple[Shape, Shape, Shape]:
+    """(min, opt, max) input shapes of the optimisation profile. ``rect``: heights and widths
+    from one stride up to ``height`` x ``width``, so the engine takes the stride-aligned
+    rectangles the decoders letterbox to (640x384 for 16:9); tuned for the square (opt), as
+    Ultralytics' dynamic engines are. Otherwise the batch alone varies."""
+    low = (MIN_SIDE, MIN_SIDE) if rect else (height, width)
+    return (
+        (min_batch, 3, *low),
+        (opt_batch, 3, height, width),
+        (max_batch, 3, height, width),
+    )
+
+
 def build_engine(
     onnx_path: Path,
     engine_path: Path,
     *,
     imgsz: int | tuple[int, int] = 640,
+    rect: bool = False,
     min_batch: int = 1,
     opt_batch: int,
     max_batch: int,
@@ -200,7 +225,8 @@ def build_engine(
 ) -> Path:
     """Build and write ``engine_path`` (with Ultralytics' header); returns it.
 
-    ``metadata`` defaults to the ONNX model's own (names, stride, ...). INT8 needs
+    ``rect``: the profile spans heights and widths up to ``imgsz`` (the ONNX model's H and W
+    must be dynamic). ``metadata`` defaults to the ONNX model's own (names, stride, ...). INT8 needs
     ``calibration_images`` (letterboxed HxWx3 uint8 BGR, at least ``opt_batch`` of them)
     unless ``calibration_cache`` already holds a table from an earlier build.
     """
@@ -241,6 +267,11 @@ def build_engine(
         for axis, size in ((2, height), (3, width)):
             if shape[axis] not in (-1, size):
                 raise ValueError(f"{onnx_path}: input is {shape}, which is not {height}x{width}")
+            if rect and shape[axis] != -1:
+                raise ValueError(
+                    f"{onnx_path}: input is {shape}: a rect engine needs a dynamic height and "
+                    "width (framebatch export --format onnx writes them)"
+                )
         if half and not int8:
             # FP16 input halves the normalised batch; outputs stay as exported (FP32 boxes).
             # INT8 builds keep the exported input type: calibration feeds it FP32 batches.
@@ -252,9 +283,14 @@ def build_engine(
         profile = builder.create_optimization_profile()
         profile.set_shape(
             model_input.name,
-            (min_batch, 3, height, width),
-            (opt_batch, 3, height, width),
-            (max_batch, 3, height, width),
+            *profile_shapes(
+                min_batch=min_batch,
+                opt_batch=opt_batch,
+                max_batch=max_batch,
+                height=height,
+                width=width,
+                rect=rect,
+            ),
         )
         config.add_optimization_profile(profile)
         if half:
@@ -290,7 +326,7 @@ def build_engine(
             config.set_timing_cache(config.create_timing_cache(b""), ignore_mismatch=False)
 
         log.info(
-            "building %s from %s (batch %d/%d/%d, fp16=%s, int8=%s)",
+            "building %s from %s (batch %d/%d/%d, fp16=%s, int8=%s, rect=%s)",
             engine_path.name,
             onnx_path.name,
             min_batch,
@@ -298,6 +334,7 @@ def build_engine(
             max_batch,
             half,
             int8,
+            rect,
         )
         serialized = builder.build_serialized_network(network, config)
 
@@ -322,6 +359,7 @@ def build_engine(
         max_batch=max_batch,
         half=half,
         int8=int8,
+        rect=rect,
         extra={"tensorrt": trt.__version__, "source": onnx_path.name},
     )
     write_engine_file(engine_path, memoryview(serialized), header)

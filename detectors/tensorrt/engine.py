@@ -76,7 +76,8 @@ class TensorRTEngine:
 
     Attributes: ``input_dtype``/``output_dtype`` (torch dtypes), ``min_batch``, ``opt_batch``,
     ``max_batch`` (optimisation profile 0), ``imgsz`` ``(height, width)``, ``class_names``,
-    ``file`` (the :class:`EngineFile`: header / sidecar metadata).
+    ``file`` (the :class:`EngineFile`: header / sidecar metadata), ``any_size`` (the profile
+    spans heights and widths: rectangular batches up to ``imgsz``).
     """
 
     def __init__(self, path: Path, *, device: int | str = 0, verbose: bool = False):
@@ -109,9 +110,11 @@ class TensorRTEngine:
         if self.input_dtype not in (torch.float16, torch.float32):
             raise ValueError(f"{self.path}: input {self.input_dtype} is neither FP16 nor FP32")
         self.min_batch, self.opt_batch, self.max_batch, self.imgsz = self._profile()
+        self.any_size = self._sides[0] != self._sides[1]
         self.class_names = self.file.class_names or self._numbered_classes()
-        self._outputs: dict[int, torch.Tensor] = {}  # batch size -> output buffer (stable address)
-        self._bound_batch: int | None = None
+        # input shape -> output buffer (stable address); the anchors follow the height and width
+        self._outputs: dict[tuple[int, ...], torch.Tensor] = {}
+        self._bound_shape: tuple[int, ...] | None = None
 
     def _io_names(self, trt: ModuleType) -> tuple[str, str]:
         engine = self._engine
@@ -131,10 +134,12 @@ class TensorRTEngine:
         if len(shape) != 4:
             raise ValueError(f"{self.path}: input {self.input_name} is {shape}, not NCHW")
         if all(d > 0 for d in shape):  # fully static engine
+            self._sides = ((shape[2], shape[3]), (shape[2], shape[3]))
             return shape[0], shape[0], shape[0], (shape[2], shape[3])
         low, opt, high = (
             tuple(dims) for dims in self._engine.get_tensor_profile_shape(self.input_name, 0)
         )
+        self._sides = ((low[2], low[3]), (high[2], high[3]))  # (min, max) height and width
         imgsz = (opt[2], opt[3])
         wanted = self.file.imgsz  # a dynamic-size engine: use the size the metadata names
         if wanted and low[2] <= wanted[0] <= high[2] and low[3] <= wanted[1] <= high[3]:
@@ -145,26 +150,33 @@ class TensorRTEngine:
         rows = tuple(self._engine.get_tensor_shape(self.output_name))[1]
         return tuple(str(i) for i in range(rows - 4)) if rows > 4 else ()
 
-    def _output_for(self, batch: int) -> torch.Tensor:
+    def _output_for(self, shape: tuple[int, ...]) -> torch.Tensor:
         import torch
 
-        output = self._outputs.get(batch)
+        output = self._outputs.get(shape)
         if output is None:
-            shape = tuple(self._context.get_tensor_shape(self.output_name))
-            if any(d < 0 for d in shape):
+            output_shape = tuple(self._context.get_tensor_shape(self.output_name))
+            if any(d < 0 for d in output_shape):
                 raise RuntimeError(
-                    f"{self.path}: output shape {shape} unresolved after input shape"
+                    f"{self.path}: output shape {output_shape} unresolved after input shape"
                 )
-            output = torch.empty(shape, dtype=self.output_dtype, device=self.device)
-            self._outputs[batch] = output
+            output = torch.empty(output_shape, dtype=self.output_dtype, device=self.device)
+            self._outputs[shape] = output
         return output
 
     def _check(self, images: torch.Tensor) -> None:
-        expected = (3, *self.imgsz)
-        if images.dim() != 4 or tuple(images.shape[1:]) != expected:
+        (min_h, min_w), (max_h, max_w) = self._sides
+        height, width = images.shape[2:] if images.dim() == 4 else (0, 0)
+        if (
+            images.dim() != 4
+            or images.shape[1] != 3
+            or not (min_h <= height <= max_h and min_w <= width <= max_w)
+        ):
+            sides = f"{max_h}, {max_w}"
+            if self.any_size:
+                sides = f"{min_h}..{max_h}, {min_w}..{max_w}"
             raise ValueError(
-                f"{self.path}: expected images (N, {expected[0]}, {expected[1]}, {expected[2]}), "
-                f"got {tuple(images.shape)}"
+                f"{self.path}: expected images (N, 3, {sides}), got {tuple(images.shape)}"
             )
         batch = images.shape[0]
         if not self.min_batch <= batch <= self.max_batch:
@@ -192,23 +204,21 @@ class TensorRTEngine:
         """Enqueue one batch on the current CUDA stream; returns the ``(N, 4+C, A)`` output.
 
         Nothing is synchronised: read the result on the same stream (or after synchronising).
-        The output is this engine's buffer for batch size N, overwritten by the next call with
-        the same N, so consume it (e.g. copy it to pinned host memory) before that call.
+        The output is this engine's buffer for this input shape, overwritten by the next call
+        with the same shape, so consume it (e.g. copy it to pinned host memory) before that call.
         """
         import torch
 
         if self._context is None:
             raise RuntimeError(f"{self.path}: engine is closed")
         self._check(images)
-        batch = images.shape[0]
+        shape = tuple(images.shape)
         context = self._context
-        if batch != self._bound_batch:
-            if not context.set_input_shape(self.input_name, tuple(images.shape)):
-                raise RuntimeError(
-                    f"{self.path}: TensorRT rejected input shape {tuple(images.shape)}"
-                )
-            self._bound_batch = batch
-        output = self._output_for(batch)
+        if shape != self._bound_shape:
+            if not context.set_input_shape(self.input_name, shape):
+                raise RuntimeError(f"{self.path}: TensorRT rejected input shape {shape}")
+            self._bound_shape = shape
+        output = self._output_for(shape)
         if not (
             context.set_tensor_address(self.input_name, images.data_ptr())
             and context.set_tensor_address(self.output_name, output.data_ptr())
@@ -222,7 +232,7 @@ class TensorRTEngine:
     def close(self) -> None:
         """Release the context, the engine and the output buffers (legal more than once)."""
         self._outputs.clear()
-        self._bound_batch = None
+        self._bound_shape = None
         self._context = None
         self._engine = None
         self._runtime = None

@@ -52,6 +52,8 @@ class EngineFile:
     max_batch: int | None
     half: bool | None
     int8: bool | None
+    # its profile spans heights and widths up to imgsz: rectangular batches (model.rect)
+    any_size: bool = False
 
     def read_engine(self) -> bytes:
         """The serialized engine without the header: what ``deserialize_cuda_engine`` takes."""
@@ -182,6 +184,8 @@ def _typed(
         max_batch=batches[2],
         half=_flag(first("half"), args.get("half"), args.get("quantize"), 16),
         int8=_flag(first("int8"), args.get("int8"), args.get("quantize"), 8),
+        # ours says so; Ultralytics' dynamic=True engines span 32x32 to 2x imgsz in H and W
+        any_size=bool(ours["rect"] if "rect" in ours else not ours and args.get("dynamic")),
     )
 
 

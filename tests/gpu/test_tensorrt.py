@@ -283,3 +283,41 @@ def test_int8_calibration_cache_and_accuracy_report(
     engine = TensorRTEngine(again)
     frames = list(letterboxed_frames(clips(assets)[:1], Letterbox(), frames_per_clip=2, every=5))
     assert run(torch, engine, frames).shape == (2, 84, 8400)
+
+
+def test_a_rect_engine_runs_the_rectangles_onnx_runtime_runs(
+    torch: Any, assets: Path, tmp_path: Path
+) -> None:
+    """An engine built with ``rect`` takes the decoders' 640x384 letterbox of a 16:9 clip (and
+    the square), with ONNX Runtime's detections on the same dynamic-size model."""
+    dynamic = assets / "models" / "yolov8n-coco_ultralytics_dynamic.onnx"
+    path = build_engine(
+        dynamic,
+        tmp_path / "rect.engine",
+        rect=True,
+        opt_batch=OPT_BATCH,
+        max_batch=MAX_BATCH,
+        half=False,
+        workspace_gib=2,
+    )
+    assert read_engine_file(path).any_size
+    engine = TensorRTEngine(path)
+    assert engine.any_size and engine.imgsz == (640, 640)
+    highway = [clip for clip in clips(assets) if clip.name.startswith("highway")]
+    frames = list(letterboxed_frames(highway, Letterbox(rect=True), frames_per_clip=4, every=4))
+    assert frames[0].pixels.shape == (384, 640, 3)
+    backend = OnnxRuntimeBackend(dynamic)
+    try:
+        reference = backend.infer(backend.prepare(np.stack([f.pixels for f in frames]))).raw
+    finally:
+        backend.close()
+    raw = run(torch, engine, frames)
+    assert raw.shape == reference.shape == (4, 84, 5040)  # 384x640 anchors, not 8400
+    geometries = [f.geometry for f in frames]
+    report = compare_detections(
+        postprocess(reference, geometries, Thresholds()), postprocess(raw, geometries, Thresholds())
+    )
+    assert report.reference_boxes > 10
+    assert report.match_rate >= 0.97, report.to_markdown()
+    square = list(letterboxed_frames(highway, Letterbox(), frames_per_clip=1))
+    assert run(torch, engine, square).shape == (1, 84, 8400)  # the square still runs

@@ -220,3 +220,21 @@ def test_write_is_atomic_and_refuses_empty(tmp_path: Path) -> None:
     assert not path.exists()
     write_engine_file(path, memoryview(ENGINE), {"names": ["x"]})
     assert [p.name for p in path.parent.iterdir()] == ["m.engine"]  # no partial file left
+
+
+@pytest.mark.parametrize(
+    ("metadata", "any_size"),
+    [
+        (ULTRALYTICS_METADATA, True),  # dynamic=True: 32x32 up to 2x imgsz in H and W
+        ({**ULTRALYTICS_METADATA, "args": {"batch": 1, "dynamic": False}}, False),
+        # ours says it outright; args.dynamic may mean a batch range only
+        ({"imgsz": [640, 640], "args": {"dynamic": True}, "framebatch": {"rect": False}}, False),
+        ({"imgsz": [640, 640], "args": {"dynamic": True}, "framebatch": {"rect": True}}, True),
+        ({"imgsz": [640, 640], "args": {"dynamic": True}, "framebatch": {"max_batch": 8}}, False),
+    ],
+)
+def test_whether_the_engine_takes_any_height_and_width(
+    tmp_path: Path, metadata: dict, any_size: bool
+) -> None:
+    read = read_engine_file(ultralytics_file(tmp_path / "m.engine", metadata))
+    assert read.any_size is any_size

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from detectors.backends import takes_any_size
 from detectors.postprocess import ImageDetections
 from detectors.preprocess import Letterbox, to_network_input
 from detectors.tensorrt.build import (
@@ -18,6 +19,7 @@ from detectors.tensorrt.build import (
     engine_metadata,
     letterboxed_frames,
     onnx_metadata,
+    profile_shapes,
 )
 from detectors.tensorrt.engine_file import read_engine_file, write_engine_file
 
@@ -168,3 +170,38 @@ def test_letterboxed_frames_from_clips(assets: Path) -> None:
     assert len(frames) == 6  # street: frames 0, 3, 6; indoor: 0, 3, 6
     assert {f.pixels.shape for f in frames} == {(640, 640, 3)}
     assert [f.geometry.width for f in frames] == [1920] * 3 + [768] * 3
+
+
+@pytest.mark.parametrize(
+    ("rect", "low"),
+    [(True, (1, 3, 32, 32)), (False, (1, 3, 640, 640))],
+)
+def test_a_rect_profile_spans_heights_and_widths(rect: bool, low: tuple) -> None:
+    shapes = profile_shapes(
+        min_batch=1, opt_batch=8, max_batch=32, height=640, width=640, rect=rect
+    )
+    assert shapes == (low, (8, 3, 640, 640), (32, 3, 640, 640))
+    # the rectangles the decoders letterbox 16:9 and 4:3 frames to fit in the profile
+    for height, width in ((384, 640), (480, 640), (640, 384)):
+        shape = (8, 3, height, width)
+        fits = all(lo <= d <= hi for lo, d, hi in zip(shapes[0], shape, shapes[2], strict=True))
+        assert fits == rect
+
+
+@pytest.mark.parametrize("rect", [True, False])
+def test_the_engine_header_says_whether_it_is_rect(rect: bool, tmp_path: Path) -> None:
+    header = engine_metadata(
+        {},
+        imgsz=(640, 640),
+        min_batch=8,
+        opt_batch=8,
+        max_batch=8,
+        half=True,
+        int8=False,
+        rect=rect,
+    )
+    assert header["args"]["dynamic"] is rect  # one batch size: dynamic only over H x W
+    engine = write_engine_file(tmp_path / "m.engine", b"ftrt-engine-bytes", header)
+    assert read_engine_file(engine.path).any_size is rect
+    # the decoders read it without TensorRT, before the detector loads
+    assert takes_any_size(engine.path) is rect
