@@ -83,18 +83,22 @@ def _to_original(boxes: np.ndarray, geometry: LetterboxGeometry) -> np.ndarray:
 def _one_image(
     pred: np.ndarray,
     scores: np.ndarray,
-    class_ids: np.ndarray,
     geometry: LetterboxGeometry,
     thresholds: Thresholds,
 ) -> ImageDetections:
     candidates = np.flatnonzero(scores > thresholds.conf)
+    # the class of the few anchors past the threshold only: an argmax over all 80 x anchors
+    # costs ~0.5 ms an image (numpy copies the axis last), the max above 0.07
+    class_ids = pred[4:, candidates].argmax(axis=0)
     if thresholds.classes is not None:
-        candidates = candidates[np.isin(class_ids[candidates], thresholds.classes)]
+        wanted = np.isin(class_ids, thresholds.classes)
+        candidates, class_ids = candidates[wanted], class_ids[wanted]
     if candidates.size > MAX_NMS:
-        candidates = candidates[np.argsort(-scores[candidates], kind="stable")[:MAX_NMS]]
+        order = np.argsort(-scores[candidates], kind="stable")[:MAX_NMS]
+        candidates, class_ids = candidates[order], class_ids[order]
     cx, cy, w, h = pred[:4, candidates]
     boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1)
-    cand_scores, cand_classes = scores[candidates], class_ids[candidates]
+    cand_scores, cand_classes = scores[candidates], class_ids
     keep = nms(boxes + cand_classes[:, None] * MAX_WH, cand_scores, thresholds.iou)
     keep = keep[: thresholds.max_det]
     return ImageDetections(
@@ -112,10 +116,7 @@ def postprocess(
         raise ValueError(
             f"expected output (N, 4+classes, anchors) for {len(geometries)} images, got {raw.shape}"
         )
-    class_scores = raw[:, 4:, :]
-    class_ids = class_scores.argmax(axis=1)
-    scores = np.take_along_axis(class_scores, class_ids[:, None, :], axis=1)[:, 0, :]
+    scores = raw[:, 4:, :].max(axis=1)  # each anchor's best class score: the pre-filter
     return [
-        _one_image(raw[i], scores[i], class_ids[i], geometries[i], thresholds)
-        for i in range(len(geometries))
+        _one_image(raw[i], scores[i], geometries[i], thresholds) for i in range(len(geometries))
     ]

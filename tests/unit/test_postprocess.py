@@ -178,6 +178,9 @@ def test_best_class_per_anchor_decides_score_and_class() -> None:
     # a class filter on a runner-up class does not pick up that anchor
     (filtered,) = postprocess(raw, [IDENTITY], Thresholds(classes=(42,)))
     assert len(filtered) == 0
+    raw[0, 4 + 5, 0] = 0.6  # a tie: the lower class index, as an argmax over every class gives
+    (tied,) = postprocess(raw, [IDENTITY], Thresholds())
+    assert tied.class_ids.tolist() == [5]
 
 
 @pytest.mark.parametrize(("max_det", "expected"), [(1, 1), (3, 3), (10, 10), (300, 12)])
