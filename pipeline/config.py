@@ -319,15 +319,17 @@ class TransportConfig(BaseModel):
     """How frame pixels travel from the decoders to the batcher (see docs/transports.md)."""
 
     model_config = _MODEL_CONFIG
-    kind: Literal["raw", "jpeg", "shm"] = Field(
-        "raw",
-        description="raw: pixels inline; jpeg: JPEG inline (lossy); shm: same-host shared memory",
+    kind: Literal["auto", "raw", "jpeg", "shm"] = Field(
+        "auto",
+        description="auto: shm where Redis is on this host, else raw; raw: pixels inline; "
+        "jpeg: JPEG inline (lossy); shm: same-host shared memory",
     )
     jpeg_quality: int = Field(90, ge=1, le=100, description="jpeg: JPEG quality, 1-100")
     shm_slots: int | None = Field(
         None,
         ge=2,
-        description="shm: frames per camera ring; unset: the backlog + the batcher's queue + 16",
+        description="shm/auto: frames per camera ring; unset: the backlog + the batcher's "
+        "queue + 16",
     )
 
 

@@ -1,9 +1,10 @@
 """Frame transports: how a letterboxed frame's pixels travel from a decoder to the batcher.
 
-* ``raw``: the pixels inline in the Redis entry (1.2 MB at 640², the default);
+* ``raw``: the pixels inline in the Redis entry (1.2 MB at 640², 737 KB at 640x384);
 * ``jpeg``: JPEG bytes inline (~35 KB at quality 90; lossy, ~1 ms to encode and to decode);
 * ``shm``: the pixels in the decoder's shared-memory ring (:mod:`streams.shm_ring`), only a
-  reference in the entry.  Same host only: with Redis elsewhere it falls back to ``raw``.
+  reference in the entry.  Same host only: with Redis elsewhere it falls back to ``raw``;
+* ``auto`` (the config's default): ``shm`` where Redis runs on this host, ``raw`` elsewhere.
 
 A :class:`FrameEncoder` (decoder side) turns pixels into what a :class:`FrameMessage` carries;
 one :class:`FrameDecoder` (batcher side) turns any frame entry back into an HxWx3 uint8 image,
@@ -36,7 +37,7 @@ from streams.shm_ring import (
 
 log = logging.getLogger(__name__)
 
-TRANSPORT_KINDS = ("raw", "jpeg", "shm")
+TRANSPORT_KINDS = ("auto", "raw", "jpeg", "shm")
 # MAXLEN ~ trims whole stream nodes (4 KB each by default, ~10 shm entries), so a live stream
 # may hold a few entries more than its cap; the ring keeps room for them too
 TRIM_SLACK = 16
@@ -217,11 +218,12 @@ def make_encoder(
     pid: int,
     max_frame_bytes: int | None = None,
 ) -> FrameEncoder:
-    """The encoder of one decode worker; shm falls back to raw when Redis is on another host
-    (the batcher may run there, where this machine's shared memory is out of reach)."""
+    """The encoder of one decode worker; shm (and auto) fall back to raw when Redis is on
+    another host (the batcher may run there, where this machine's shared memory is out of
+    reach)."""
     if spec.kind == "jpeg":
         return JpegEncoder(spec.jpeg_quality)
-    if spec.kind == "shm":
+    if spec.kind in ("shm", "auto"):
         if redis_on_this_host(redis_url):
             return ShmEncoder(
                 name=segment_name(prefix, camera, pid),
@@ -230,11 +232,12 @@ def make_encoder(
                 directory=Path(spec.shm_dir),
                 slot_bytes=max_frame_bytes,
             )
-        log.warning(
-            "camera %r: transport shm needs Redis on this host (a unix socket or loopback "
-            "address); Redis is elsewhere, so frames are sent inline (raw)",
-            camera,
-        )
+        if spec.kind == "shm":  # asked for by name: say why it is not used
+            log.warning(
+                "camera %r: transport shm needs Redis on this host (a unix socket or loopback "
+                "address); Redis is elsewhere, so frames are sent inline (raw)",
+                camera,
+            )
     return RawEncoder()
 
 

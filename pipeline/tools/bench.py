@@ -31,7 +31,7 @@ import redis
 from detectors.base import BatchOutput
 from detectors.detector import Detector
 from detectors.preprocess import Letterbox, Letterboxed
-from pipeline.builders import check_run_mode, frame_letterbox, load_detector
+from pipeline.builders import check_run_mode, frame_letterbox, load_detector, transport_spec
 from pipeline.config import Config, ConfigError, load_config
 from pipeline.daemon import Pipeline
 from pipeline.tools.bench_report import format_report
@@ -39,6 +39,7 @@ from streams.embedded_redis import EmbeddedRedis, RedisServerError
 from streams.keys import FRAMES_GROUP, StreamKeys
 from streams.messages import Detection, DetectionMessage, FrameMessage, Timestamps
 from streams.sources import SourceError, VideoSource
+from streams.transport import FrameDecoder, make_encoder
 
 log = logging.getLogger("framebatch.bench")
 
@@ -262,9 +263,10 @@ def medians(rounds: list[dict]) -> dict[str, Any]:
 
 
 def redis_costs(config: Config, pool: list[Letterboxed], results: list[Any], label) -> dict:
-    """Median seconds per frame of the decoder's XLEN + XADD, the batcher's XREADGROUP, XACK +
-    XDEL and detection XADD, encodings included, on a private redis-server (one op at a time:
-    the batcher pipelines its ack with the detections, which only saves a round trip)."""
+    """Median seconds per frame of the decoder's XLEN + encode + XADD, the batcher's XREADGROUP
+    + pixels out, XACK + XDEL and detection XADD, with the config's transport, on a private
+    redis-server (one op at a time: the batcher pipelines its ack with the detections, which
+    only saves a round trip)."""
     size, keys = config.batching.max_batch_size, StreamKeys("bench")
     key, maxlen = keys.frames("cam"), config.redis.frames_maxlen
     detections_key, kept = keys.detections("cam"), config.redis.detections_maxlen
@@ -272,19 +274,37 @@ def redis_costs(config: Config, pool: list[Letterboxed], results: list[Any], lab
     with EmbeddedRedis() as server:
         client = redis.Redis.from_url(server.url)
         client.xgroup_create(key, FRAMES_GROUP, id="0", mkstream=True)
+        encoder = make_encoder(
+            transport_spec(config),
+            redis_url=server.url,
+            prefix=f"bench{os.getpid()}",
+            camera="cam",
+            max_backlog=maxlen,
+            pid=os.getpid(),
+            max_frame_bytes=max(boxed.pixels.nbytes for boxed in pool),
+        )
+        frames_out = FrameDecoder()
         for batch in range(STAGE_BATCHES + 1):  # batch 0 warms up the connection and stream
             t0 = time.perf_counter()
             for k in range(size):
                 seq, now = (batch * size + k) % len(pool), time.time()
                 boxed = pool[seq]
+                height, width = boxed.pixels.shape[:2]
+                encoded = encoder.encode(boxed.pixels)
                 frame = FrameMessage(
-                    "cam", seq, None, *astuple(boxed.geometry), now, now, boxed.pixels.tobytes()
+                    *("cam", seq, None, *astuple(boxed.geometry), now, now, encoded.pixels),
+                    input_width=width,
+                    input_height=height,
+                    encoding=encoded.encoding,
+                    shm=encoded.shm,
                 )
                 client.xlen(key)  # the decoder's backpressure check
                 client.xadd(key, frame.to_fields(), maxlen=maxlen, approximate=True)
             t1 = time.perf_counter()
             reply = client.xreadgroup(FRAMES_GROUP, "bench", {key: ">"}, count=size)
             entries = [(eid, FrameMessage.from_fields(f)) for eid, f in reply[0][1]]
+            for _, frame in entries:
+                frames_out.image(frame)  # the batcher's copy out of the ring, or its view
             t2 = time.perf_counter()
             ids = [eid for eid, _ in entries]
             client.pipeline(False).xack(key, FRAMES_GROUP, *ids).xdel(key, *ids).execute()
@@ -307,6 +327,8 @@ def redis_costs(config: Config, pool: list[Letterboxed], results: list[Any], lab
                 for name, seconds in zip(times, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
                     times[name].append(seconds / size)
         client.close()
+        frames_out.close()
+        encoder.close()
     return {name: statistics.median(values) for name, values in times.items()}
 
 

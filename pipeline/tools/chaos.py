@@ -165,7 +165,7 @@ class Chaos:
         interval_s: tuple[float, float],
         kinds: tuple[str, ...],
         workdir: Path,
-        transport: str = "raw",
+        transport: str = "auto",
     ):
         self._model = model
         self._cameras = dict(cameras)
@@ -403,7 +403,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kinds", default=",".join(FAULTS), help=f"comma-separated (default: {','.join(FAULTS)})"
     )
     parser.add_argument("--assets", default=str(repo.parent / "shared" / "assets"))
-    parser.add_argument("--transport", choices=["raw", "jpeg", "shm"], default="raw")
+    parser.add_argument("--transport", choices=["auto", "raw", "jpeg", "shm"], default="auto")
     parser.add_argument("--no-rtsp", action="store_true", help="no RTSP camera")
     parser.add_argument("--workdir", help="folder for logs and Redis files (default: a temp one)")
     parser.add_argument("--output", metavar="PATH", help="write the report as JSON")

@@ -170,8 +170,9 @@ def wait_for(condition, timeout_s: float, what: str):
 
 def test_sigkilled_decoder_leaves_no_segment(assets, redis_url, prefix, tmp_path) -> None:
     """Under shm: a stale ring of a dead process goes at start; the ring of a decoder killed
-    with SIGKILL (no chance to unlink it) goes once the daemon sees it died; the other
-    decoder's ring goes with it at shutdown."""
+    with SIGKILL (no chance to unlink it) goes once the daemon sees it died, while the frames
+    it left in the stream stay readable through the batcher's mapping (none lost as
+    ``transport_gone``); the other decoder's ring goes with it at shutdown."""
     stale = ShmRing(
         segment_name(prefix, "ghost", dead_pid()), slots=2, slot_bytes=16, host=host_id()
     )
@@ -207,13 +208,14 @@ def test_sigkilled_decoder_leaves_no_segment(assets, redis_url, prefix, tmp_path
     finally:
         daemon.send_signal(signal.SIGTERM)
         try:
-            _out, err = daemon.communicate(timeout=60)
+            out, err = daemon.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             daemon.kill()
-            _out, err = daemon.communicate()
+            out, err = daemon.communicate()
         stale.close()
     assert "crashed" in err and "victim" in err
     assert "Traceback" not in err
+    assert "transport_gone" not in out + err
     assert segments(prefix) == []
 
 

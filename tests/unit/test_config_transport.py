@@ -16,9 +16,9 @@ def with_transport(**fields: Any) -> dict[str, Any]:
     return merged(MINIMAL, {"transport": fields})
 
 
-def test_default_is_raw() -> None:
+def test_default_is_auto() -> None:
     transport = parse_config(MINIMAL, base_dir=BASE).transport
-    assert (transport.kind, transport.jpeg_quality, transport.shm_slots) == ("raw", 90, None)
+    assert (transport.kind, transport.jpeg_quality, transport.shm_slots) == ("auto", 90, None)
 
 
 @pytest.mark.parametrize(
@@ -40,7 +40,7 @@ def test_valid_transport(fields: dict[str, Any], expected: tuple) -> None:
 @pytest.mark.parametrize(
     ("data", "expected"),
     [
-        (with_transport(kind="png"), "transport.kind: must be 'raw', 'jpeg' or 'shm'"),
+        (with_transport(kind="png"), "transport.kind: must be 'auto', 'raw', 'jpeg' or 'shm'"),
         (with_transport(jpeg_quality=0), "transport.jpeg_quality: must be >= 1 (got 0)"),
         (with_transport(jpeg_quality=101), "transport.jpeg_quality: must be <= 100 (got 101)"),
         (with_transport(jpeg_quality="high"), "transport.jpeg_quality: must be an integer"),

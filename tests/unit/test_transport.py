@@ -213,6 +213,15 @@ def test_make_encoder_picks_the_transport(tmp_path: Path, caplog) -> None:
         remote = make_encoder(shm, redis_url="redis://10.1.2.3:6379", **common)
     assert isinstance(remote, RawEncoder)
     assert "needs Redis on this host" in caplog.text
+    # auto, the config's default: shm on this host, raw elsewhere without a warning
+    auto = TransportSpec("auto", shm_dir=str(tmp_path))
+    assert isinstance(make_encoder(auto, redis_url=local, **common), ShmEncoder)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="streams.transport"):
+        assert isinstance(
+            make_encoder(auto, redis_url="redis://10.1.2.3:6379", **common), RawEncoder
+        )
+    assert caplog.text == ""
 
 
 @pytest.mark.parametrize(
