@@ -7,6 +7,7 @@
 #
 # `run` unpacks what `prepare` made, runs the CUDA tests (tests/gpu), then `framebatch
 # bench-gpu` with the whole pipeline on N replayed cameras, and writes JSON + markdown to $OUT.
+# It exits non-zero when CUDA is missing, a test fails or a figure misses its target.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stage=.gpu
@@ -37,10 +38,21 @@ run)
   export FRAMEBATCH_TORCHSCRIPT="$PWD/$stage/yolov8n.torchscript"
   mkdir -p ../shared/assets/videos && cp -n "$stage"/assets/*.mp4 ../shared/assets/videos/
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
-  timeout 180 python3 -m pytest -q -p no:cacheprovider tests/gpu -rs 2>&1 | tee "$OUT/tests-gpu.txt" || true
+  # no CUDA would skip every GPU test and pass: that is a failed check, said first
+  python3 -c "import torch; assert torch.cuda.is_available(), 'torch sees no CUDA device'"
+  # both steps always run and write their results; the exit status says if either failed
+  # (a test failure, or a figure under its target: bench-gpu exits 4)
+  set +e
+  timeout 180 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu -rs 2>&1 |
+    tee "$OUT/tests-gpu.txt"
+  tests_rc=${PIPESTATUS[0]}
   timeout 360 python3 -m pipeline.cli bench-gpu --model "$FRAMEBATCH_TORCHSCRIPT" \
     --clip "$stage/assets/$(basename "$clip")" --device cuda:0 --seconds 1.5 --rounds 3 \
     --cameras 12 --out "$OUT" 2>&1 | tail -40
+  bench_rc=${PIPESTATUS[0]}
+  set -e
+  echo "gpu tests exit $tests_rc, bench-gpu exit $bench_rc" | tee "$OUT/status.txt"
+  [ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
   ;;
 *)
   echo "usage: $0 prepare|run" >&2

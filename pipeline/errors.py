@@ -13,6 +13,7 @@ EXIT_OK = 0
 EXIT_CAMERA_ERRORS = 1  # the run finished, but a camera failed (the others were processed)
 EXIT_BAD_INPUT = 2  # only at start: config, model file, Redis URL / password / ACL / TLS
 EXIT_RUN_FAILED = 3  # the run broke off: Redis away past reconnect_timeout_s, a stage died
+EXIT_TARGETS_MISSED = 4  # a benchmark ran, and a figure is under its target (bench-gpu)
 
 
 class FramebatchError(Exception):

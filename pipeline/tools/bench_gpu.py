@@ -36,6 +36,7 @@ import numpy as np
 from detectors.backends import load_backend
 from detectors.base import BackendOptions
 from detectors.preprocess import Letterbox
+from pipeline.errors import EXIT_OK, EXIT_TARGETS_MISSED
 
 TARGETS = {"pipeline_vs_raw": 0.9, "batching_vs_batch1": 3.0, "double_vs_single": 1.2}
 
@@ -222,6 +223,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["pipeline"] = figure
         if "fps" in figure:
             result["ratios"]["pipeline_vs_raw"] = figure["fps"] / by_size[best_label]
+    # what this run was asked to measure: a target it measured nothing for is missed too
+    wanted = {"batching_vs_batch1"}
+    if not args.sweep_only:
+        wanted.add("double_vs_single")
+    if args.cameras:
+        wanted.add("pipeline_vs_raw")
     result["targets"] = {
         name: {
             "target": target,
@@ -229,8 +236,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "pass": (result["ratios"].get(name) or 0) >= target,
         }
         for name, target in TARGETS.items()
+        if name in wanted
     }
     return result
+
+
+def missed_targets(result: dict[str, Any]) -> list[str]:
+    """One line per target missed (or not measured), for the exit status and stderr."""
+    lines = []
+    for name, figure in result["targets"].items():
+        if not figure["pass"]:
+            measured = figure["measured"]
+            shown = "not measured" if measured is None else f"{measured:.2f}"
+            lines.append(f"{name}: {shown}, target >= {figure['target']:.1f}")
+    return lines
 
 
 def to_markdown(result: dict[str, Any]) -> str:
@@ -282,4 +301,7 @@ def main(args: argparse.Namespace) -> int:
     markdown = to_markdown(result)
     (out / "bench-gpu.md").write_text(markdown, encoding="utf-8")
     print(markdown)
-    return 0
+    missed = missed_targets(result)
+    for line in missed:
+        print(f"bench-gpu: target missed: {line}", file=sys.stderr)
+    return EXIT_TARGETS_MISSED if missed else EXIT_OK

@@ -24,6 +24,8 @@ from detectors.tensorrt.build import (
 from detectors.tensorrt.engine import TensorRTEngine
 from detectors.tensorrt.engine_file import read_engine_file
 
+pytestmark = [pytest.mark.gpu]
+
 HAVE_TENSORRT = importlib.util.find_spec("tensorrt") is not None
 OPT_BATCH, MAX_BATCH = 4, 8
 CONFIDENT = 0.25  # postprocess' default confidence

@@ -21,6 +21,7 @@ from detectors.backends import load_backend, takes_any_size
 from detectors.base import BackendOptions, BackendUnavailable
 from detectors.detector import Detector
 from detectors.postprocess import ImageDetections, Thresholds
+from pipeline.errors import EXIT_TARGETS_MISSED
 from tests.conftest import ASSETS, MODEL, MODEL_ANY_SIZE, VIDEOS
 from tests.integration.matching import unmatched
 
@@ -217,8 +218,14 @@ def test_gpu_bench_script_runs_on_the_cpu(exported, tmp_path, redis_url):
             f"--out={tmp_path}",
         ]
     )
-    assert main(args) == 0
+    # a CPU misses the GPU targets (batch 2 is not 3x batch 1; no second stream to overlap
+    # uploads on), and a missed target is a non-zero exit (the GPU check fails loudly)
+    assert main(args) == EXIT_TARGETS_MISSED
     result = json.loads((tmp_path / "bench-gpu.json").read_text())
+    targets = result["targets"]
+    assert set(targets) == {"batching_vs_batch1", "double_vs_single", "pipeline_vs_raw"}
+    assert targets["batching_vs_batch1"]["measured"] > 0
+    assert not targets["batching_vs_batch1"]["pass"] and not targets["double_vs_single"]["pass"]
     assert set(result["throughput"]) == {"fp32-b1", "fp32-b2"}  # no FP16 on the CPU
     assert all(ips > 0 for ips in [*result["throughput"].values(), *result["compared"].values()])
     assert result["pipeline"]["frames"] == 8 and result["pipeline"]["dropped"] == {}
