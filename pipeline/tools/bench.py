@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import av
+import cv2
 import numpy as np
 import onnxruntime
 import redis
@@ -31,7 +32,13 @@ import redis
 from detectors.base import BatchOutput
 from detectors.detector import Detector
 from detectors.preprocess import Letterbox, Letterboxed
-from pipeline.builders import check_run_mode, frame_letterbox, load_detector, transport_spec
+from pipeline.builders import (
+    check_run_mode,
+    decode_threads,
+    frame_letterbox,
+    load_detector,
+    transport_spec,
+)
 from pipeline.config import Config, ConfigError, load_config
 from pipeline.daemon import Pipeline
 from pipeline.tools.bench_report import format_report
@@ -110,26 +117,39 @@ def machine_info() -> dict[str, Any]:
 
 
 def decode_clips(config: Config, letterbox: Letterbox) -> tuple[list[dict], list[Letterboxed]]:
-    """Decode every clip through ``VideoSource`` (PyAV + bgr24) and letterbox each frame, timing
-    both; keep every POOL_STRIDE-th letterboxed frame for the detector."""
+    """Decode every clip through ``VideoSource`` (PyAV + bgr24) and letterbox each frame, with
+    the decoders' thread settings, timing the CPU of both; keep every POOL_STRIDE-th letterboxed
+    frame for the detector."""
     clips, pool = [], []
-    for camera in config.cameras:
-        frames, decode_s, letterbox_s = 0, 0.0, 0.0
-        with VideoSource(camera.id, camera.url) as source:
-            start = time.perf_counter()
-            for frames, decoded in enumerate(source.frames(), 1):
-                decoded_at = time.perf_counter()
-                boxed = letterbox(decoded.image)
-                if frames % POOL_STRIDE == 1:
-                    pool.append(boxed)
-                decode_s, start = decode_s + decoded_at - start, time.perf_counter()
-                letterbox_s += start - decoded_at
-        if not frames:
-            raise SourceError(f"camera {camera.id!r}: {camera.url} has no frames")
-        height, width = decoded.image.shape[:2]
-        figures = {"frames": frames, "decode_s": decode_s, "letterbox_s": letterbox_s}
-        clips.append({"camera": camera.id, "size": f"{width}x{height}", **figures})
+    threads = decode_threads(config)
+    opencv_threads = cv2.getNumThreads()
+    cv2.setNumThreads(0)  # as each decoder process runs OpenCV
+    try:
+        for camera in config.cameras:
+            clips.append(_decode_clip(camera, letterbox, threads, pool))
+    finally:
+        cv2.setNumThreads(opencv_threads)
     return clips, pool
+
+
+def _decode_clip(camera, letterbox: Letterbox, threads: int, pool: list[Letterboxed]) -> dict:
+    # CPU time, not wall: FFmpeg's frame threads count (process_time covers every thread)
+    clock = time.process_time
+    frames, decode_s, letterbox_s = 0, 0.0, 0.0
+    with VideoSource(camera.id, camera.url, decode_threads=threads) as source:
+        start = clock()
+        for frames, decoded in enumerate(source.frames(), 1):
+            decoded_at = clock()
+            boxed = letterbox(decoded.image)
+            if frames % POOL_STRIDE == 1:
+                pool.append(boxed)
+            decode_s, start = decode_s + decoded_at - start, clock()
+            letterbox_s += start - decoded_at
+    if not frames:
+        raise SourceError(f"camera {camera.id!r}: {camera.url} has no frames")
+    height, width = decoded.image.shape[:2]
+    figures = {"frames": frames, "decode_s": decode_s, "letterbox_s": letterbox_s}
+    return {"camera": camera.id, "size": f"{width}x{height}", **figures}
 
 
 def same_shape(pool: list[Letterboxed]) -> list[Letterboxed]:
@@ -196,6 +216,7 @@ def run_pipeline(config: Config) -> dict[str, Any]:
         timed.append(TimedDetector(load_detector(c, device)))
         return timed[-1]
 
+    run_start = time.perf_counter()
     summary = Pipeline(config, until_done=True, detector_factory=timed_detector).run()
     failed = [c.camera for c in summary.cameras if c.end_reason in ("error", "crashed")]
     if failed or not timed or timed[-1].first_infer is None:
@@ -203,7 +224,8 @@ def run_pipeline(config: Config) -> dict[str, Any]:
     detector = timed[-1]
     window_s = detector.last_infer - detector.first_infer
     infer_s = detector.seconds["infer"] / detector.instances
-    startup_s = detector.first_infer - detector.created
+    # the summary's wall time starts a few ms after run(): once its Redis answers
+    startup_s = min(detector.first_infer - run_start, summary.wall_s)
     return {
         "processed": summary.processed,
         "dropped": sum(summary.dropped.values()),
@@ -220,7 +242,7 @@ def run_pipeline(config: Config) -> dict[str, Any]:
         "infer_busy_fraction": infer_s / window_s if window_s else 1.0,
         "startup_s": startup_s,
         "idle_s": window_s - infer_s,
-        "tail_s": summary.wall_s - startup_s - window_s,
+        "tail_s": max(0.0, summary.wall_s - startup_s - window_s),
     }
 
 
@@ -262,7 +284,9 @@ def medians(rounds: list[dict]) -> dict[str, Any]:
     }
 
 
-def redis_costs(config: Config, pool: list[Letterboxed], results: list[Any], label) -> dict:
+def redis_costs(
+    config: Config, pool: list[Letterboxed], results: list[Any], label
+) -> tuple[dict, str]:
     """Median seconds per frame of the decoder's XLEN + encode + XADD, the batcher's XREADGROUP
     + pixels out, XACK + XDEL and detection XADD, with the config's transport, on a private
     redis-server (one op at a time: the batcher pipelines its ack with the detections, which
@@ -284,6 +308,7 @@ def redis_costs(config: Config, pool: list[Letterboxed], results: list[Any], lab
             max_frame_bytes=max(boxed.pixels.nbytes for boxed in pool),
         )
         frames_out = FrameDecoder()
+        encodings: Counter[str] = Counter()
         for batch in range(STAGE_BATCHES + 1):  # batch 0 warms up the connection and stream
             t0 = time.perf_counter()
             for k in range(size):
@@ -305,6 +330,7 @@ def redis_costs(config: Config, pool: list[Letterboxed], results: list[Any], lab
             entries = [(eid, FrameMessage.from_fields(f)) for eid, f in reply[0][1]]
             for _, frame in entries:
                 frames_out.image(frame)  # the batcher's copy out of the ring, or its view
+                encodings[frame.encoding] += 1
             t2 = time.perf_counter()
             ids = [eid for eid, _ in entries]
             client.pipeline(False).xack(key, FRAMES_GROUP, *ids).xdel(key, *ids).execute()
@@ -329,21 +355,25 @@ def redis_costs(config: Config, pool: list[Letterboxed], results: list[Any], lab
         client.close()
         frames_out.close()
         encoder.close()
-    return {name: statistics.median(values) for name, values in times.items()}
+    costs = {name: statistics.median(values) for name, values in times.items()}
+    return costs, encodings.most_common(1)[0][0]
 
 
-def per_frame_costs(config: Config, detector: Detector, pool: list[Letterboxed], clips) -> dict:
+def per_frame_costs(
+    config: Config, detector: Detector, pool: list[Letterboxed], clips
+) -> tuple[dict, str]:
     """Seconds per frame of decode, letterbox and the Redis steps, each timed on its own
-    (prepare and postprocess come from the detector-alone runs)."""
+    (prepare and postprocess come from the detector-alone runs), and the frames' encoding."""
     frames, size = sum(c["frames"] for c in clips), config.batching.max_batch_size
     detections = []  # real detections of every pool frame, for the detection messages
     for batch in (pool[start : start + size] for start in range(0, len(pool), size)):
         detections += detector.detect([b.pixels for b in batch], [b.geometry for b in batch])
+    redis_steps, encoding = redis_costs(config, pool, detections, detector.info.label)
     return {
         "decode": sum(c["decode_s"] for c in clips) / frames,
         "letterbox": sum(c["letterbox_s"] for c in clips) / frames,
-        **redis_costs(config, pool, detections, detector.info.label),
-    }
+        **redis_steps,
+    }, encoding
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -377,7 +407,9 @@ def run_bench(args: argparse.Namespace) -> int:
                 {"alone": alone, "pipeline": pipe, "compare": compare(alone, pipe)}
             )
         log.info("per-frame costs of the stages that are not inference")
-        data["per_frame_s"] = per_frame_costs(config, detector, pool, data["clips"])
+        data["per_frame_s"], data["transport"] = per_frame_costs(
+            config, detector, pool, data["clips"]
+        )
     except (SourceError, RedisServerError, RuntimeError) as exc:
         print(f"framebatch bench: {exc}", file=sys.stderr)
         return EXIT_FAILED

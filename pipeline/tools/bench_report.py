@@ -9,10 +9,10 @@ from typing import Any
 
 # per-frame stage key → (what it is, which process or thread pays for it)
 STAGES = {
-    "decode": ("PyAV decode + to_ndarray(bgr24)", "decoder process"),
-    "letterbox": ("letterbox (resize + pad)", "decoder process"),
-    "frame_xadd": ("frame XLEN + XADD ({size}x{size}x3)", "decoder process"),
-    "xreadgroup": ("XREADGROUP + FrameMessage.from_fields", "batcher reader"),
+    "decode": ("PyAV decode + to_ndarray(bgr24), CPU", "decoder process"),
+    "letterbox": ("letterbox (resize + pad), CPU", "decoder process"),
+    "frame_xadd": ("frame {transport} encode + XLEN + XADD ({shape}x3)", "decoder process"),
+    "xreadgroup": ("XREADGROUP + from_fields + pixels out", "batcher reader"),
     "prepare": ("Detector.prepare (BGR→RGB, NCHW, /255)", "batcher reader"),
     "postprocess": ("postprocess (decode + NMS)", "batcher publisher"),
     "det": ("detection message + XADD", "batcher publisher"),
@@ -148,9 +148,9 @@ def where_the_time_goes(data: dict[str, Any]) -> list[str]:
         f"{data['machine']['cpu_count']} cores with decode and plumbing: "
         f"{ms(c['infer_slowdown_per_image_s'])} ms/image ({ms(p['infer_per_image_s'])} in the "
         f"pipeline vs {ms(c['alone_infer_per_image_s'])} alone), {c['infer_slowdown_s']:+.1f} s; "
-        f"start-up (batcher start → first inference: decoder spawn, first frames) "
+        f"start-up (run start → first inference: Redis, decoder spawn, model load and warm-up) "
         f"{p['startup_s']:.1f} s; detector idle between batches {p['idle_s']:.1f} s (busy "
-        f"{p['infer_busy_fraction']:.0%}); tail (last inference → run done) {p['tail_s']:.1f} s; "
+        f"{p['infer_busy_fraction']:.0%}); tail (last inference → summary) {p['tail_s']:.1f} s; "
         f"less {c['overlapped_s']:.1f} s of prepare + postprocess, which the pipeline runs on "
         "other threads beside inference.",
     ]
@@ -171,7 +171,8 @@ def per_frame(data: dict[str, Any]) -> list[str]:
         "|---|---|---:|---:|",
     ]
     for key, (label, where) in STAGES.items():
-        label = label.format(size=data["imgsz"])
+        height, width = data.get("input_shape") or (data["imgsz"], data["imgsz"])
+        label = label.format(shape=f"{width}x{height}", transport=data.get("transport", "raw"))
         lines.append(f"| {label} | {where} | {ms(costs[key], 2)} | {costs[key] / infer:.1%} |")
     total = sum(costs[key] for key in STAGES)
     return [*lines, f"| **total** | | **{ms(total, 2)}** | **{total / infer:.1%}** |"]

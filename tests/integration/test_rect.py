@@ -196,3 +196,6 @@ def test_the_bench_times_the_detector_on_the_shape_the_pipeline_runs(assets, tmp
     (round_,) = report["rounds"]
     assert round_["pipeline"]["processed"] == 8 and round_["pipeline"]["dropped"] == 0
     assert set(round_["alone"]) == {"1", "4"}
+    # the stage costs travel as the pipeline's frames do: the default transport on this host
+    assert report["transport"] == "shm"
+    assert "frame shm encode + XLEN + XADD (640x384x3)" in proc.stdout
