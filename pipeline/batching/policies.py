@@ -22,6 +22,7 @@ before inference, and the time by which it wants to be polled again.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -74,12 +75,12 @@ class BatchPolicy(Generic[T]):
         if not self.waiting:
             return Decision([], [], None)
         size = self.size_now(now) if idle else 0
+        start = now + start_delay_s  # when a batch sent now runs
         if size:  # no larger than the frames that can finish by their deadlines
-            size = self.fresh_size(size, now + start_delay_s)
+            size = self.fresh_size(size, start)
         # what cannot finish in time is dropped: frames this batch would finish late, or, with
         # no batch now, frames that would be late even alone after the batch ahead of them
-        horizon = start_delay_s + self.service.estimate(max(size, 1))
-        dropped = self.queues.expire(now, horizon)
+        dropped = self.queues.expire(start, self.service.estimate(max(size, 1)))
         if dropped and size:  # fewer frames now: never more than are left
             size = min(size, self.fit(self.waiting))
         if size <= 0:
@@ -104,9 +105,11 @@ class BatchPolicy(Generic[T]):
         would miss it starves the pipeline (0 frames out while all of them are late)."""
         if not self.queues.expires_before(start + self.service.estimate(size)):
             return size
+        deadlines = self.queues.deadlines()  # sorted: one pass over the queues per dispatch
         for smaller in range(size, 0, -1):
-            if self.queues.in_time(start + self.service.estimate(smaller)) >= smaller:
-                return self.fit(smaller)
+            late = bisect_left(deadlines, start + self.service.estimate(smaller))
+            if self.waiting - late >= smaller:
+                return size if smaller == size else self.fit(smaller)
         return 0
 
     def fit(self, available: int) -> int:

@@ -223,21 +223,21 @@ class FrameQueues(Generic[T]):
         earliest = self._min_time("expires")
         return earliest is not None and earliest < finish
 
-    def in_time(self, finish: float) -> int:
-        """Waiting frames that are still fresh at ``finish`` (or have no deadline)."""
-        late = sum(
-            1
+    def deadlines(self) -> list[float]:
+        """The freshness deadlines of the waiting frames that have one, sorted."""
+        return sorted(
+            q.expires
             for state in self._cameras.values()
             if state.rules.max_frame_age_ms is not None
             for q in state.queue
-            if q.expires is not None and q.expires < finish
+            if q.expires is not None
         )
-        return self._waiting - late
 
-    def expire(self, now: float, service_s: float) -> list[Dropped[T]]:
-        """Drop frames that cannot make their freshness deadline even if dispatched now."""
+    def expire(self, start: float, service_s: float) -> list[Dropped[T]]:
+        """Drop frames that cannot make their freshness deadline in a batch that starts at
+        ``start`` and takes ``service_s``."""
         dropped: list[Dropped[T]] = []
-        finish = now + service_s
+        finish = start + service_s
         earliest = self._min_time("expires")
         if earliest is None or earliest >= finish:
             return dropped

@@ -887,3 +887,23 @@ def test_a_backlogged_file_job_waits_for_the_efficient_batch(
     assert len(decision.batch) == dispatched
     assert decision.wake_at == wake_at
     assert (policy.queues.arrival_rate(0.0) == math.inf) is backlogged
+
+
+def test_a_hopeless_frame_does_not_shrink_a_batch_that_is_in_time() -> None:
+    """The policy's own size stands when that many frames make it (not snapped down to a
+    preferred size because one frame was already late alone)."""
+    policy = build(
+        AimdPolicy,
+        8,
+        preferred=(4, 8),
+        rules={"late": CameraRules(max_frame_age_ms=10)},
+        service=ServiceModel(a=0.02, c=0.0),
+        timeout_s=0.0,
+        latency_target_s=1.0,
+    )
+    policy.cap = 6.0
+    policy.add("late", 0, 0.0, "late0", 0.0)  # due at 0.01; even alone it ends at 0.02
+    fill(policy, [(f"c{i}", 0.0) for i in range(9)])
+    decision = policy.poll(0.0)
+    assert [d.frame.item for d in decision.dropped] == ["late0"]
+    assert len(decision.batch) == 6
