@@ -1,8 +1,9 @@
 """YOLOv8 output decode, class-aware NMS and mapping of boxes back to original pixels.
 
 The raw output is ``(N, 4 + classes, anchors)``: rows 0-3 are cx, cy, w, h in input pixels and
-the rest are per-class scores (sigmoid already applied).  The best class per anchor is chosen
-for the whole batch at once; NMS then runs per image, as in Ultralytics' ``non_max_suppression``
+the rest are per-class scores (sigmoid already applied).  Each anchor's best score is taken for
+the whole batch at once (a max, the confidence pre-filter), its class only for the anchors past
+the threshold; NMS then runs per image, as in Ultralytics' ``non_max_suppression``
 (``multi_label=False``, class offsets of ``max_wh`` so boxes of different classes never suppress
 each other).  Nothing here depends on the batch: an image gives the same boxes alone or in a batch.
 """

@@ -26,6 +26,10 @@ INSTALL_HINT = (
 )
 
 
+#: Output buffers kept per engine, one per input shape seen (oldest dropped first).
+MAX_OUTPUT_BUFFERS = 64
+
+
 def import_tensorrt() -> ModuleType:
     """``tensorrt``, or :class:`BackendUnavailable` saying how to get it."""
     try:
@@ -155,6 +159,10 @@ class TensorRTEngine:
 
         output = self._outputs.get(shape)
         if output is None:
+            if len(self._outputs) >= MAX_OUTPUT_BUFFERS:
+                # rect engines see batch sizes x rectangles: keep the newest shapes (a buffer
+                # still held by a caller lives on until it lets go)
+                del self._outputs[next(iter(self._outputs))]
             output_shape = tuple(self._context.get_tensor_shape(self.output_name))
             if any(d < 0 for d in output_shape):
                 raise RuntimeError(

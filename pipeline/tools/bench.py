@@ -19,6 +19,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import astuple
 from pathlib import Path
 from typing import Any
@@ -133,7 +134,9 @@ def decode_clips(config: Config, letterbox: Letterbox) -> tuple[list[dict], list
 
 
 def _decode_clip(camera, letterbox: Letterbox, threads: int, pool: list[Letterboxed]) -> dict:
-    # CPU time, not wall: FFmpeg's frame threads count (process_time covers every thread)
+    # CPU time, not wall: FFmpeg's frame threads count (process_time covers every thread;
+    # with frame threading their decoding while the main thread letterboxes is charged to the
+    # letterbox, so only the sum is exact then; decoders run one thread at cameras >= cores)
     clock = time.process_time
     frames, decode_s, letterbox_s = 0, 0.0, 0.0
     with VideoSource(camera.id, camera.url, decode_threads=threads) as source:
@@ -295,8 +298,9 @@ def redis_costs(
     key, maxlen = keys.frames("cam"), config.redis.frames_maxlen
     detections_key, kept = keys.detections("cam"), config.redis.detections_maxlen
     times: dict[str, list[float]] = {"frame_xadd": [], "xreadgroup": [], "ack": [], "det": []}
-    with EmbeddedRedis() as server:
+    with EmbeddedRedis() as server, ExitStack() as stack:
         client = redis.Redis.from_url(server.url)
+        stack.callback(client.close)
         client.xgroup_create(key, FRAMES_GROUP, id="0", mkstream=True)
         encoder = make_encoder(
             transport_spec(config),
@@ -307,7 +311,9 @@ def redis_costs(
             pid=os.getpid(),
             max_frame_bytes=max(boxed.pixels.nbytes for boxed in pool),
         )
+        stack.callback(encoder.close)  # a shm ring of this prefix: no daemon would remove it
         frames_out = FrameDecoder()
+        stack.callback(frames_out.close)
         encodings: Counter[str] = Counter()
         for batch in range(STAGE_BATCHES + 1):  # batch 0 warms up the connection and stream
             t0 = time.perf_counter()
@@ -352,9 +358,6 @@ def redis_costs(
             if batch:
                 for name, seconds in zip(times, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
                     times[name].append(seconds / size)
-        client.close()
-        frames_out.close()
-        encoder.close()
     costs = {name: statistics.median(values) for name, values in times.items()}
     return costs, encodings.most_common(1)[0][0]
 

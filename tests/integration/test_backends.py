@@ -218,14 +218,15 @@ def test_gpu_bench_script_runs_on_the_cpu(exported, tmp_path, redis_url):
             f"--out={tmp_path}",
         ]
     )
-    # a CPU misses the GPU targets (batch 2 is not 3x batch 1; no second stream to overlap
-    # uploads on), and a missed target is a non-zero exit (the GPU check fails loudly)
-    assert main(args) == EXIT_TARGETS_MISSED
+    status = main(args)
     result = json.loads((tmp_path / "bench-gpu.json").read_text())
     targets = result["targets"]
     assert set(targets) == {"batching_vs_batch1", "double_vs_single", "pipeline_vs_raw"}
-    assert targets["batching_vs_batch1"]["measured"] > 0
-    assert not targets["batching_vs_batch1"]["pass"] and not targets["double_vs_single"]["pass"]
+    assert all(target["measured"] > 0 for target in targets.values())
+    # a missed target is a non-zero exit, so the GPU check fails loudly (on a CPU the targets
+    # are usually missed, but 0.3 s figures on a busy machine can pass one by chance)
+    missed = any(not target["pass"] for target in targets.values())
+    assert status == (EXIT_TARGETS_MISSED if missed else 0)
     assert set(result["throughput"]) == {"fp32-b1", "fp32-b2"}  # no FP16 on the CPU
     assert all(ips > 0 for ips in [*result["throughput"].values(), *result["compared"].values()])
     assert result["pipeline"]["frames"] == 8 and result["pipeline"]["dropped"] == {}
