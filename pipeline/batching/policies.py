@@ -81,8 +81,8 @@ class BatchPolicy(Generic[T]):
         # what cannot finish in time is dropped: frames this batch would finish late, or, with
         # no batch now, frames that would be late even alone after the batch ahead of them
         dropped = self.queues.expire(start, self.service.estimate(max(size, 1)))
-        if dropped and size:  # fewer frames now: never more than are left
-            size = min(size, self.fit(self.waiting))
+        # a guard: fresh_size left at least ``size`` frames in time, and only late ones drop
+        size = min(size, self.waiting)
         if size <= 0:
             return Decision([], dropped, self.wake_at(now) if self.waiting else None)
         return Decision(self.queues.take(size), dropped, None)
