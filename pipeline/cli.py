@@ -149,6 +149,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         args.config = args.config or "configs/bench-peer.yaml"
         return run_bench_peer(args)
+    if args.mixed_shapes:
+        from pipeline.tools.bench_shapes import run_bench_shapes
+
+        args.config = args.config or "configs/bench-peer.yaml"  # its model takes any H×W
+        return run_bench_shapes(args)
     from pipeline.tools.bench import run_bench
 
     args.config = args.config or "configs/bench.yaml"
@@ -322,6 +327,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="with --peer: the config's clips as live RTSP cameras at their native rate, "
         "each side measured for this long (frames/s, p99 latency, drops)",
+    )
+    bench.add_argument(
+        "--mixed-shapes",
+        action="store_true",
+        help="instead: a batch of 16:9 and 4:3 frames run per shape against padded to one "
+        "shape (throughput and how far padding moves the boxes)",
     )
     bench.add_argument("--batch-sizes", default="1,4,8", help="detector-alone batch sizes")
     bench.add_argument("--repeats", type=int, default=5, help="timed batches per size and round")
