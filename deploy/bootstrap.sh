@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian 12 machine for framebatch: Debian packages when missing, a virtual
 # environment in .venv, and the project installed into it.  Safe to run again (it only adds
-# what is missing).  `--tests` also installs what the test suite needs (GStreamer RTSP server);
+# what is missing).  `--tests` also installs what the test suite needs (GStreamer RTSP server,
+# Prometheus, Chromium);
 # `--export` the optional Ultralytics extra that turns a downloaded .pt into ONNX.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,7 +10,8 @@ cd "$(dirname "$0")/.."
 packages=(redis-server ffmpeg python3-venv)
 if [[ "${1:-}" == "--tests" ]]; then
   packages+=(gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-base gstreamer1.0-plugins-good
-             gstreamer1.0-plugins-bad gstreamer1.0-plugins-ugly gstreamer1.0-libav python3-gi)
+             gstreamer1.0-plugins-bad gstreamer1.0-plugins-ugly gstreamer1.0-libav python3-gi
+             prometheus chromium)  # promtool and a real Prometheus; the live view in a browser
   # the tests cover the torch backends and `framebatch export`, so they take both extras
   extras="[test,ultralytics]"
 elif [[ "${1:-}" == "--export" ]]; then

@@ -219,6 +219,15 @@ class Accounting:
             state = self._state(camera)
             return state.received - state.processed - state.shed
 
+    def processed_counts(self) -> dict[str, int]:
+        with self._lock:
+            return {camera: state.processed for camera, state in self._cameras.items()}
+
+    def decoded_counts(self) -> dict[str, int]:
+        """Frames decoded so far by each camera's decoder sessions (as ``summary``)."""
+        with self._lock:
+            return {camera: state.decoded for camera, state in self._cameras.items()}
+
     def ended(self, cameras: list[str]) -> bool:
         """Whether each of these cameras has sent its end-of-stream entry."""
         with self._lock:

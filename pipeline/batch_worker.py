@@ -29,7 +29,7 @@ from pipeline.stages.batches import InferredBatch, PendingFrame, PreparedBatch
 from pipeline.stages.inferer import InferenceMeter, Inferer
 from pipeline.stages.lifecycle import Handoff, Lifecycle
 from pipeline.stages.publisher import Publisher
-from pipeline.stages.reader import FrameReader
+from pipeline.stages.reader import CameraChanges, FrameReader
 from pipeline.telemetry import NO_TELEMETRY, Telemetry
 from streams.keys import StreamKeys
 from streams.sinks import DetectionSink
@@ -76,6 +76,17 @@ class BatchWorker:
         self._consumer = consumer_name
         self._since_ms = since_ms
         self._clock = clock
+        #: cameras added, re-prioritised or let go while running (from any thread)
+        self.changes = CameraChanges()
+
+    @property
+    def instances(self) -> int:
+        return self._detector.instances
+
+    @property
+    def cameras(self) -> list[str]:
+        """The cameras this worker was given at start (later changes go through ``changes``)."""
+        return self._cameras
 
     def run(self, stop: threading.Event) -> None:
         """Serve until stopped or done; always finishes and publishes the batches in flight.
@@ -99,6 +110,7 @@ class BatchWorker:
             until_done=self._until_done,
             consumer_name=self._consumer,
             since_ms=self._since_ms,
+            changes=self.changes,
             clock=self._clock,
         )
         inferer = Inferer(
@@ -116,6 +128,7 @@ class BatchWorker:
             acks=self._acks,
             keys=self._keys,
             accounting=self._accounting,
+            telemetry=self._telemetry,
             clock=self._clock,
         )
         try:

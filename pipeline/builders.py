@@ -163,40 +163,43 @@ def time_batches(
     return samples
 
 
-def batching_policy(config: Config, *, until_done: bool) -> BatchPolicy[Any]:
-    """The configured policy, with each camera's rules (camera settings override batching's)."""
+def camera_rules(config: Config, camera: CameraConfig, *, until_done: bool) -> CameraRules:
+    """How one camera's frames are batched (its settings override batching's)."""
     batching = config.batching
+    # freshness only where frames may drop (live cameras and files replayed like them),
+    # never for backpressured file jobs
+    droppable = decoder_spec(camera, default_backlog=1, until_done=until_done).backpressure is False
+    max_age = camera.max_frame_age_ms or batching.max_frame_age_ms
+    max_wait_ms = batching.max_wait_ms if camera.max_wait_ms is None else camera.max_wait_ms
+    max_wait_frames = camera.max_wait_frames or batching.max_wait_frames
+    if not droppable and camera.max_wait_ms is None:
+        # a file job's frames keep no freshness: they may wait for the batch that gives the
+        # most frames per second (bounded), not leave half-full after a frame interval
+        max_wait_ms, max_wait_frames = max(max_wait_ms, FILE_JOB_MAX_WAIT_MS), None
+    return CameraRules(
+        priority=camera.priority,
+        max_wait_frames=max_wait_frames,
+        max_wait_ms=max_wait_ms,
+        max_frame_age_ms=max_age if droppable else None,
+        keep_latest=camera.keep_latest and droppable,
+        fps=sampled_fps(camera),
+        backlogged=not droppable,
+    )
 
-    def rules(camera: CameraConfig) -> CameraRules:
-        # freshness only where frames may drop (live cameras and files replayed like them),
-        # never for backpressured file jobs
-        droppable = (
-            decoder_spec(camera, default_backlog=1, until_done=until_done).backpressure is False
-        )
-        max_age = camera.max_frame_age_ms or batching.max_frame_age_ms
-        max_wait_ms = batching.max_wait_ms if camera.max_wait_ms is None else camera.max_wait_ms
-        max_wait_frames = camera.max_wait_frames or batching.max_wait_frames
-        if not droppable and camera.max_wait_ms is None:
-            # a file job's frames keep no freshness: they may wait for the batch that gives the
-            # most frames per second (bounded), not leave half-full after a frame interval
-            max_wait_ms, max_wait_frames = max(max_wait_ms, FILE_JOB_MAX_WAIT_MS), None
-        return CameraRules(
-            priority=camera.priority,
-            max_wait_frames=max_wait_frames,
-            max_wait_ms=max_wait_ms,
-            max_frame_age_ms=max_age if droppable else None,
-            keep_latest=camera.keep_latest and droppable,
-            fps=sampled_fps(camera),
-            backlogged=not droppable,
-        )
 
+def batching_policy(config: Config, *, until_done: bool) -> BatchPolicy[Any]:
+    """The configured policy, with each camera's rules."""
+    batching = config.batching
     return make_policy(
         batching.policy,
         max_batch_size=batching.max_batch_size,
         max_wait_ms=batching.max_wait_ms,
         preferred_batch_sizes=batching.preferred_batch_sizes,
         max_queue_frames=queue_frames(config),
-        camera_rules={camera.id: rules(camera) for camera in config.cameras},
+        camera_rules={
+            camera.id: camera_rules(config, camera, until_done=until_done)
+            for camera in config.cameras
+        },
         target_utilisation=batching.target_utilisation,
         latency_target_ms=batching.latency_target_ms,
     )

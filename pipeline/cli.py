@@ -61,7 +61,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     try:
         config = load_config(args.config)
-        pipeline = Pipeline(config, until_done=args.until_done, on_event=_print_event)
+        if args.http is not None:
+            config = with_http_listen(config, None if args.http == "off" else args.http)
+        pipeline = Pipeline(
+            config,
+            until_done=args.until_done,
+            on_event=_print_event,
+            config_dir=Path(args.config).absolute().parent,
+        )
         _install_stop_handlers(pipeline.stop)
         summary = pipeline.run()
     except FramebatchError as exc:
@@ -71,6 +78,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         Path(args.summary_json).write_text(json.dumps(summary.to_json(), indent=2))
     failed = [c for c in summary.cameras if c.failed]
     return EXIT_CAMERA_ERRORS if failed else EXIT_OK
+
+
+def with_http_listen(config, listen: str | None):
+    """The config with ``--http`` in place of ``http.listen`` (validated as the config is)."""
+    from pydantic import ValidationError
+
+    from pipeline.config import ConfigError, HttpConfig, format_validation_errors
+
+    try:
+        http = HttpConfig(listen=listen, token=config.http.token)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_errors(exc, HttpConfig), "--http") from None
+    return config.model_copy(update={"http": http})
 
 
 REDIS_URL_ENV = "FRAMEBATCH_REDIS_URL"
@@ -270,6 +290,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="replay mode: exit once every file source is processed",
     )
     run.add_argument("--summary-json", metavar="PATH", help="also write the summary as JSON")
+    run.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="serve metrics, health, API and live view here instead of http.listen "
+        "(default 127.0.0.1:9108; port 0: any free one; off: none)",
+    )
     run.set_defaults(handler=cmd_run)
 
     consume = commands.add_parser("consume", help="print detections as JSON lines")

@@ -333,6 +333,63 @@ class TransportConfig(BaseModel):
     )
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
+DEFAULT_HTTP_LISTEN = "127.0.0.1:9108"
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` too) into its parts; ValueError says what is wrong."""
+    host, sep, port = listen.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected host:port (port 0-65535, 0: any free one), got {listen!r}")
+    return host, int(port)
+
+
+class HttpConfig(BaseModel):
+    """The daemon's HTTP endpoint: Prometheus metrics, health probes, the camera API and the
+    live view (Triton's metrics port, Frigate's API)."""
+
+    model_config = _MODEL_CONFIG
+    listen: str | None = Field(
+        DEFAULT_HTTP_LISTEN,
+        description="host:port to serve /metrics, /healthz, /readyz, /api and the live view "
+        "on (port 0: any free one); null: no HTTP endpoint",
+    )
+    token: str | None = Field(
+        None,
+        min_length=16,
+        description="Bearer token the API and the view require (use ${VAR}); required when "
+        "listen is not a loopback address. /metrics and the probes stay open",
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, listen: str | None) -> str | None:
+        if listen is None:
+            return None
+        try:
+            split_listen(listen)
+        except ValueError as exc:
+            raise fail(clip(str(exc))) from None
+        return listen
+
+    @model_validator(mode="after")
+    def _check_token(self) -> HttpConfig:
+        if self.listen is not None and self.token is None and not self.loopback:
+            message = (
+                f"required when listen ({self.listen}) is not a loopback address: anyone who "
+                "reaches it could add or remove cameras"
+            )
+            raise fail_at(type(self).__name__, [(("token",), message, None)])
+        return self
+
+    @property
+    def loopback(self) -> bool:
+        host = split_listen(self.listen)[0] if self.listen else "127.0.0.1"
+        return host in LOOPBACK_HOSTS or host.startswith("127.")
+
+
 class Config(BaseModel):
     """The whole framebatch config file."""
 
@@ -347,6 +404,9 @@ class Config(BaseModel):
     )
     transport: TransportConfig = Field(
         default_factory=TransportConfig, description="How frames travel to the batcher"
+    )
+    http: HttpConfig = Field(
+        default_factory=HttpConfig, description="Metrics, health, camera API and live view"
     )
     sinks: list[SinkSettings] = Field(
         default_factory=default_sinks,

@@ -15,16 +15,21 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import redis
+from prometheus_client import CollectorRegistry
+from pydantic import ValidationError
 
 from detectors.base import BackendUnavailable
 from detectors.detector import Detector
-from detectors.preprocess import Letterbox
 from pipeline.accounting import Accounting
 from pipeline.batch_worker import BatchWorker
+from pipeline.batching import CameraRules
 from pipeline.builders import (
     batching_policy,
+    camera_rules,
     check_run_mode,
     decode_threads,
     decoder_spec,
@@ -35,10 +40,15 @@ from pipeline.builders import (
     time_batches,
     transport_spec,
 )
-from pipeline.config import Config
+from pipeline.config import MAX_CAMERAS_PER_DAEMON, CameraConfig, Config
+from pipeline.config_errors import ConfigError, format_validation_errors
+from pipeline.control import CameraConflict, CameraNotFound, CameraStates, CameraView, Control
 from pipeline.earlier_runs import drain
 from pipeline.errors import BadInput, FramebatchError, RedisUnavailable, RunFailed, StageFailed
 from pipeline.frame_acks import FrameAcks
+from pipeline.http_api import HttpServer, bind, build_app
+from pipeline.live_view import LiveFrames
+from pipeline.metrics import PrometheusTelemetry, StateCollector
 from pipeline.stages.lifecycle import is_redis_outage
 from pipeline.summary import RunSummary
 from pipeline.telemetry import NO_TELEMETRY, GuardedTelemetry, Telemetry
@@ -90,7 +100,10 @@ def dead_session_end(
 @dataclass
 class _Decoder:
     spec: DecoderSpec
+    stop: ProcessFlag  # this decoder's own: a camera removed live stops alone
     process: multiprocessing.process.BaseProcess
+    worker: BatchWorker | None = None
+    removing: bool = False  # removed through the API: drains, never restarts
     restarts: int = 0  # since the last healthy period: sets the backoff
     restart_at: float | None = None
     finished: bool = False
@@ -109,8 +122,13 @@ class Pipeline:
     detector_factory: Callable[[Config, str], Detector] = load_detector
     telemetry: Telemetry = NO_TELEMETRY  # hears of every frame, batch and failure
     redis_url: str = ""
+    # where relative file paths of cameras added through the API are resolved (the config's
+    # folder, as for the config's own cameras)
+    config_dir: Path = field(default_factory=Path.cwd)
+    serve_http: bool = True  # the HTTP endpoint of http.listen (benchmarks leave it off)
     # the batchers run: from here on a failure is the run's, not the input's
     started: bool = field(default=False, init=False)
+    http_url: str | None = field(default=None, init=False)  # once serving
 
     @property
     def _reconnect_timeout_s(self) -> float:
@@ -152,6 +170,10 @@ class Pipeline:
     def _run(self) -> RunSummary:
         check_run_mode(self.config, until_done=self.until_done)
         with ExitStack() as stack:
+            listen = self.config.http.listen if self.serve_http else None
+            http_socket = bind(listen) if listen else None  # a taken port: exit 2, at once
+            if http_socket is not None:
+                stack.callback(http_socket.close)
             self.redis_url = self.config.redis.url or stack.enter_context(EmbeddedRedis()).url
             keys = StreamKeys(self.config.redis.prefix)
             # bad input at start (URL, password, ACL, TLS) is one line and exit 2, at once...
@@ -164,12 +186,29 @@ class Pipeline:
             stack.callback(client.close)
             self._prepare_streams(client, keys)
             camera_ids = [camera.id for camera in self.config.cameras]
-            telemetry = GuardedTelemetry(self.telemetry)
+            registry = CollectorRegistry()
+            metrics, live = PrometheusTelemetry(registry), LiveFrames()
+            telemetry = GuardedTelemetry(self.telemetry, metrics, live)
             accounting = Accounting(
                 camera_ids,
                 max_batch_size=self.config.batching.max_batch_size,
                 telemetry=telemetry,
             )
+            states = CameraStates()
+            status_client = connect(  # probes and scrapes must not ride out an outage
+                self.redis_url, reconnect_timeout_s=0, socket_timeout_s=CONNECT_TIMEOUT_S
+            )
+            stack.callback(status_client.close)
+            control = Control(
+                accounting=accounting, states=states, redis_client=status_client, keys=keys
+            )
+            stack.callback(control.stopped)
+            self._control, self._metrics, self._live = control, metrics, live
+            for camera in self.config.cameras:
+                states.add(camera.id, camera.url, camera.priority, camera.is_live)
+                metrics.add_camera(camera.id)
+            gpus = [int(d.split(":")[1]) for d in self.config.model.worker_devices if ":" in d]
+            registry.register(StateCollector(control, metrics.utilization, gpus))
             sink = open_sinks(
                 self.config.sinks,
                 SinkContext(client, keys, detections_maxlen=self.config.redis.detections_maxlen),
@@ -184,21 +223,29 @@ class Pipeline:
             seconds, micros = client.time()
             since_ms = seconds * 1000 + micros // 1000  # stream entries older than this run
             # Decoders start first: their start-up overlaps the model load and warm-up.
-            decoders_stop = ProcessFlag()  # a decoder killed while waiting cannot hang set()
+            self._stopping = threading.Event()  # no decoder restarts from here on
             letterbox = frame_letterbox(self.config)  # square, or rect where the model allows
-            self._spawn_args = (letterbox, keys, decoders_stop)
+            self._spawn_args = (letterbox, keys)
+            self._client, self._keys = client, keys
             # shm rings: a decoder's ring outlives it until its frames are read or the batchers
             # have stopped (released); the rings of decoders that died are ours to remove
             self._transport, self._host = transport_spec(self.config), host_id()
             self._released = ProcessFlag()
             remove_segments(keys.prefix, host=self._host)  # left by processes that died
-            decoders = self._start_decoders(letterbox, keys, decoders_stop)
+            decoders = self._decoders = self._start_decoders()
             stack.callback(self._remove_rings, keys, decoders)
-            stack.callback(self._stop_decoders, decoders, decoders_stop)
+            stack.callback(self._stop_decoders, decoders)
             stack.callback(self._released.set)  # runs first, once the batchers have stopped
+            self._label: Callable[[int], str] = str  # class names once the model is loaded
+            if http_socket is not None:
+                server = HttpServer(self._http_app(registry, control, live), http_socket)
+                server.start()
+                stack.callback(server.close)
+                self.http_url = server.url
             devices = self.config.model.worker_devices
             shards = shard_cameras(camera_ids, len(devices))
             batchers: list[threading.Thread] = []
+            self._workers: list[BatchWorker] = []
             batcher_stop = threading.Event()
             batcher_error: list[BaseException] = []
             for index, (device, cameras) in enumerate(zip(devices, shards, strict=True)):
@@ -209,6 +256,10 @@ class Pipeline:
                 worker = self._batch_worker(
                     client, keys, detector, accounting, sink, telemetry, cameras, index, since_ms
                 )
+                self._workers.append(worker)
+                for camera in cameras:
+                    decoders[camera].worker = worker
+                self._label = detector.info.label
                 batchers.append(
                     threading.Thread(
                         target=self._run_batcher,
@@ -216,22 +267,19 @@ class Pipeline:
                         name=f"fb-batcher-{device}",
                     )
                 )
+            metrics.configure(
+                max_batch_size=self.config.batching.max_batch_size,
+                instances=sum(w.instances for w in self._workers),
+            )
             for batcher in batchers:
                 batcher.start()
             self.started = True
+            control.ready.set()
             try:
-                self._supervise(
-                    client,
-                    keys,
-                    decoders,
-                    decoders_stop,
-                    batchers,
-                    batcher_error,
-                    accounting,
-                    events_seen,
-                )
+                self._supervise(client, keys, batchers, batcher_error, accounting, events_seen)
             finally:
-                decoders_stop.set()
+                control.stopped()
+                self._stop_all(decoders)
                 batcher_stop.set()
                 for batcher in batchers:
                     batcher.join()
@@ -275,37 +323,39 @@ class Pipeline:
         )
 
     def _prepare_streams(self, client: redis.Redis, keys: StreamKeys) -> None:
+        for camera in self.config.cameras:
+            self._prepare_stream(client, keys, camera.id)
+
+    @staticmethod
+    def _prepare_stream(client: redis.Redis, keys: StreamKeys, camera: str) -> None:
         # What an earlier run left in a frames stream stays: the batcher acknowledges those
         # entries and counts their frames as previous_run (a replay too), never deletes them
         # unseen, and never processes them as this run's.
-        for camera in self.config.cameras:
-            key = keys.frames(camera.id)
-            try:
-                # "0" on a new stream; an existing group keeps its position and pending frames
-                client.xgroup_create(key, FRAMES_GROUP, id="0", mkstream=True)
-            except redis.ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
+        try:
+            # "0" on a new stream; an existing group keeps its position and pending frames
+            client.xgroup_create(keys.frames(camera), FRAMES_GROUP, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
 
-    def _start_decoders(
-        self, letterbox: Letterbox, keys: StreamKeys, stop: ProcessFlag
-    ) -> list[_Decoder]:
-        decoders = []
-        threads = decode_threads(self.config)
-        for camera in self.config.cameras:
-            spec = decoder_spec(
-                camera,
-                default_backlog=self.config.redis.frames_maxlen,
-                until_done=self.until_done,
-                decode_threads=threads,
-                # a live camera keeps at most one batch waiting in its stream: beyond that the
-                # pipeline is behind, and older frames would only raise the latency
-                live_backlog=self.config.batching.max_batch_size,
-            )
-            decoders.append(_Decoder(spec, self._spawn(spec, letterbox, keys, stop)))
-        return decoders
+    def _start_decoders(self) -> dict[str, _Decoder]:
+        return {camera.id: self._start_decoder(camera) for camera in self.config.cameras}
 
-    def _spawn(self, spec, letterbox, keys, stop) -> multiprocessing.process.BaseProcess:
+    def _start_decoder(self, camera: CameraConfig) -> _Decoder:
+        spec = decoder_spec(
+            camera,
+            default_backlog=self.config.redis.frames_maxlen,
+            until_done=self.until_done,
+            decode_threads=decode_threads(self.config),
+            # a live camera keeps at most one batch waiting in its stream: beyond that the
+            # pipeline is behind, and older frames would only raise the latency
+            live_backlog=self.config.batching.max_batch_size,
+        )
+        stop = ProcessFlag()  # a decoder killed while waiting cannot hang set()
+        return _Decoder(spec, stop, self._spawn(spec, stop))
+
+    def _spawn(self, spec: DecoderSpec, stop: ProcessFlag) -> multiprocessing.process.BaseProcess:
+        letterbox, keys = self._spawn_args
         process = multiprocessing.get_context("spawn").Process(
             target=run_decoder_process,
             args=(
@@ -326,6 +376,17 @@ class Pipeline:
         process.start()
         return process
 
+    def _http_app(self, registry: CollectorRegistry, control: Control, live: LiveFrames):
+        return build_app(
+            control=control,
+            cameras=self,
+            registry=registry,
+            live=live,
+            utilization=self._metrics.utilization.ratio,
+            label=lambda class_id: self._label(class_id),
+            token=self.config.http.token,
+        )
+
     # --- running ------------------------------------------------------------------------------
     @staticmethod
     def _run_batcher(
@@ -336,22 +397,24 @@ class Pipeline:
         except BaseException as exc:  # noqa: BLE001 - handed to the supervising thread
             errors.append(exc)
 
-    def _supervise(
-        self, client, keys, decoders, decoders_stop, batchers, errors, accounting, last_event
-    ) -> None:
+    def _supervise(self, client, keys, batchers, errors, accounting, last_event) -> None:
         """Until stopped, a worker fails, or (``until_done``) every worker finished its
         cameras: a worker done with its own cameras must not stop the others."""
         events = EventLog(client, keys)
-        file_cameras = [d.spec.camera for d in decoders if not d.spec.live]
+        decoders = self._decoders
         while (
             any(b.is_alive() for b in batchers)
             and not errors
             and not self.stop.wait(SUPERVISE_TICK_S)
         ):
+            self._control.tick()  # API requests, on this thread
+            self._control.states.sample(accounting.processed_counts())
             last_event = self._report_events(events, last_event)
-            self._check_decoders(client, keys, decoders, decoders_stop)
+            self._check_decoders(client, keys, decoders)
+            self._finish_removals(accounting)
+            file_cameras = [c for c, d in decoders.items() if not d.spec.live and not d.removing]
             if self.until_done and accounting.ended(file_cameras):
-                decoders_stop.set()  # files are done: live cameras stop and end too
+                self._stop_all(decoders)  # files are done: live cameras stop and end too
         self._report_events(events, last_event)
         if self.stop.is_set():
             log.info("stopping: finishing the batch in flight")
@@ -359,12 +422,13 @@ class Pipeline:
     def _report_events(self, events: EventLog, last_event: str) -> str:
         for event_id, event in events.read_after(last_event):
             last_event = event_id
+            self._control.states.on_event(event)
             self.on_event(event)
         return last_event
 
-    def _check_decoders(self, client, keys, decoders, decoders_stop) -> None:
+    def _check_decoders(self, client, keys, decoders: dict[str, _Decoder]) -> None:
         now = time.monotonic()
-        for decoder in decoders:
+        for decoder in decoders.values():
             if decoder.finished:
                 continue
             process = decoder.process
@@ -373,9 +437,10 @@ class Pipeline:
                     decoder.restarts = 0  # a crash after a healthy spell starts at 1 s again
                 continue
             if decoder.restart_at is not None:
-                if now >= decoder.restart_at and not decoders_stop.is_set():
-                    decoder.process = self._spawn(decoder.spec, *self._spawn_args)
+                if now >= decoder.restart_at and not self._stopping.is_set():
+                    decoder.process = self._spawn(decoder.spec, decoder.stop)
                     decoder.restart_at, decoder.started_at = None, now
+                    self._control.states.set(decoder.spec.camera, "starting")
                 continue
             remove_segments(keys.prefix, host=self._host, pids=[process.pid])  # a dead one's ring
             if process.exitcode == 0:
@@ -388,28 +453,120 @@ class Pipeline:
             # a camera, or a clip looped like one, comes back; a finite file job does not
             # (its frames would be decoded again)
             client.xadd(keys.frames(camera), dead_session_end(client, keys, camera, message))
-            if (decoder.spec.live or decoder.spec.loop) and not self.until_done:
+            restart = decoder.spec.live or decoder.spec.loop
+            if restart and not self.until_done and not decoder.removing:
                 decoder.restarts += 1
                 delay = min(2.0**decoder.restarts, RESTART_BACKOFF_MAX_S)
                 decoder.restart_at = now + delay
+                self._control.states.set(camera, "restarting")
             else:
                 decoder.finished = True
 
-    def _remove_rings(self, keys: StreamKeys, decoders: list[_Decoder]) -> None:
+    def _remove_rings(self, keys: StreamKeys, decoders: dict[str, _Decoder]) -> None:
         """After the decoders stopped: the rings of any that were killed on the way out."""
-        remove_segments(keys.prefix, host=self._host, pids=[d.process.pid for d in decoders])
+        pids = [d.process.pid for d in decoders.values()]
+        remove_segments(keys.prefix, host=self._host, pids=pids)
 
-    @staticmethod
-    def _stop_decoders(decoders: list[_Decoder], stop: ProcessFlag) -> None:
+    def _stop_all(self, decoders: dict[str, _Decoder]) -> None:
+        self._stopping.set()
+        for decoder in decoders.values():
+            decoder.stop.set()
+
+    def _stop_decoders(self, decoders: dict[str, _Decoder]) -> None:
         """stop event → join(timeout) → terminate → kill: never leaves a decoder behind."""
-        stop.set()
+        self._stop_all(decoders)
         deadline = time.monotonic() + DECODER_JOIN_S
-        for decoder in decoders:
+        for decoder in decoders.values():
             decoder.process.join(max(0.0, deadline - time.monotonic()))
-        for decoder in decoders:
+        for decoder in decoders.values():
             if decoder.process.is_alive():
                 decoder.process.terminate()
                 decoder.process.join(2.0)
             if decoder.process.is_alive():
                 decoder.process.kill()
                 decoder.process.join()
+
+    # --- cameras changed while running (the HTTP API; on the supervisor's thread) -------------
+    def add_camera(self, data: dict[str, Any]) -> CameraView:
+        """Validate a camera as a config entry, start its decoder and give it to the worker
+        with the fewest cameras."""
+        decoders = self._decoders
+        try:
+            camera = CameraConfig.model_validate(data, context={"base_dir": self.config_dir})
+        except ValidationError as exc:
+            raise ConfigError(format_validation_errors(exc, CameraConfig), "camera") from None
+        problems = []
+        if camera.id in decoders and self._control.states.state(camera.id) != "removed":
+            raise CameraConflict(f"camera id {camera.id!r} is in use")
+        active = sum(1 for d in decoders.values() if not d.removing)
+        if active >= MAX_CAMERAS_PER_DAEMON:
+            raise CameraConflict(f"{active} cameras: the most one daemon runs")
+        maxlen = self.config.redis.frames_maxlen
+        if camera.max_backlog is not None and camera.max_backlog > maxlen:
+            problems.append(f"max_backlog: must be <= redis.frames_maxlen ({maxlen})")
+        if camera.loop and self.until_done:
+            problems.append("loop: a looping file never ends; --until-done needs loop: false")
+        if problems:
+            raise ConfigError(problems, "camera")
+        if self._stopping.is_set():
+            raise CameraConflict("the pipeline is stopping")
+        self._prepare_stream(self._client, self._keys, camera.id)
+        self.config = self.config.model_copy(
+            update={"cameras": [c for c in self.config.cameras if c.id != camera.id] + [camera]}
+        )
+        self._control.states.add(camera.id, camera.url, camera.priority, camera.is_live)
+        self._metrics.add_camera(camera.id)
+        decoder = decoders[camera.id] = self._start_decoder(camera)
+        worker = min(self._workers, key=lambda w: sum(d.worker is w for d in decoders.values()))
+        decoder.worker = worker
+        worker.changes.add(camera.id, self._rules(camera))
+        log.info("camera %s added (%s)", camera.id, redact_url(camera.url))
+        return self._control.camera(camera.id)
+
+    def set_priority(self, camera_id: str, priority: int) -> CameraView:
+        decoder = self._active(camera_id)
+        camera = self.config.camera(camera_id).model_copy(update={"priority": priority})
+        self.config = self.config.model_copy(
+            update={"cameras": [camera if c.id == camera_id else c for c in self.config.cameras]}
+        )
+        self._control.states.set_priority(camera_id, priority)
+        assert decoder.worker is not None
+        decoder.worker.changes.set_rules(camera_id, self._rules(camera))
+        return self._control.camera(camera_id)
+
+    def remove_camera(self, camera_id: str) -> CameraView:
+        """Stop the camera's decoder; it is removed once its end entry is read and every frame
+        it sent is processed or counted (``_finish_removals``)."""
+        decoder = self._active(camera_id)
+        decoder.removing = True
+        decoder.restart_at = None
+        decoder.stop.set()
+        self._control.states.set(camera_id, "draining")
+        log.info("camera %s: removing (draining its frames)", camera_id)
+        return self._control.camera(camera_id)
+
+    def _active(self, camera_id: str) -> _Decoder:
+        decoder = self._decoders.get(camera_id)
+        if decoder is None:
+            raise CameraNotFound(camera_id)
+        if decoder.removing:
+            raise CameraConflict(f"camera {camera_id!r} is removed")
+        return decoder
+
+    def _rules(self, camera: CameraConfig) -> CameraRules:
+        return camera_rules(self.config, camera, until_done=self.until_done)
+
+    def _finish_removals(self, accounting: Accounting) -> None:
+        for camera, decoder in self._decoders.items():
+            if not decoder.removing or self._control.states.state(camera) == "removed":
+                continue
+            if decoder.process.is_alive() or not accounting.ended([camera]):
+                continue
+            if accounting.outstanding(camera):
+                continue  # read, not yet published: the batch is on its way
+            decoder.finished = True
+            assert decoder.worker is not None
+            decoder.worker.changes.forget(camera)
+            self._live.forget(camera)
+            self._control.states.set(camera, "removed")
+            log.info("camera %s removed", camera)

@@ -13,8 +13,26 @@ by event); frames an earlier run left come as ``frames_dropped`` with cause ``pr
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from detectors.postprocess import ImageDetections
+from detectors.preprocess import LetterboxGeometry
+from streams.messages import Timestamps
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DetectedFrame:
+    """A frame as the detector saw it (letterboxed pixels, shared: read only) and its
+    detections in the original frame's pixels."""
+
+    seq: int
+    pixels: np.ndarray
+    geometry: LetterboxGeometry
+    detections: ImageDetections
 
 
 class Telemetry:
@@ -34,6 +52,11 @@ class Telemetry:
     def batch_inferred(self, size: int, seconds: float) -> None:
         """The detector ran a batch of ``size`` frames in ``seconds``."""
 
+    def frame_detected(self, camera: str, stamps: Timestamps, frame: DetectedFrame) -> None:
+        """A published frame's stage times (captured → enqueued → batched → inferred →
+        published) and its letterboxed pixels with their detections (for a live view: keep a
+        reference, never copy or encode here)."""
+
     def stage_failed(self, stage: str, error: BaseException) -> None:
         """A stage of a batch worker died; the run ends with exit code 3."""
 
@@ -42,20 +65,22 @@ NO_TELEMETRY = Telemetry()
 
 
 class GuardedTelemetry(Telemetry):
-    """Forwards every event to an exporter; an exception there is logged (once per event
-    kind) and swallowed: metrics must not stop the pipeline or split an accounting step."""
+    """Forwards every event to each exporter; an exception there is logged (once per
+    exporter and event kind) and swallowed: metrics must not stop the pipeline or split an
+    accounting step, and one exporter's bug does not cost another its events."""
 
-    def __init__(self, inner: Telemetry):
-        self._inner = inner
-        self._reported: set[str] = set()
+    def __init__(self, *exporters: Telemetry):
+        self._exporters = exporters
+        self._reported: set[tuple[int, str]] = set()
 
     def _forward(self, event: str, *args: object) -> None:
-        try:
-            getattr(self._inner, event)(*args)
-        except Exception:  # noqa: BLE001 - an exporter's bug is logged, never fatal
-            if event not in self._reported:
-                self._reported.add(event)
-                log.exception("telemetry %s failed (reported once)", event)
+        for index, exporter in enumerate(self._exporters):
+            try:
+                getattr(exporter, event)(*args)
+            except Exception:  # noqa: BLE001 - an exporter's bug is logged, never fatal
+                if (index, event) not in self._reported:
+                    self._reported.add((index, event))
+                    log.exception("telemetry %s of %r failed (reported once)", event, exporter)
 
     def frames_received(self, camera: str, count: int) -> None:
         self._forward("frames_received", camera, count)
@@ -68,6 +93,9 @@ class GuardedTelemetry(Telemetry):
 
     def batch_inferred(self, size: int, seconds: float) -> None:
         self._forward("batch_inferred", size, seconds)
+
+    def frame_detected(self, camera: str, stamps: Timestamps, frame: DetectedFrame) -> None:
+        self._forward("frame_detected", camera, stamps, frame)
 
     def stage_failed(self, stage: str, error: BaseException) -> None:
         self._forward("stage_failed", stage, error)

@@ -171,6 +171,18 @@ class FrameQueues(Generic[T]):
         return sum(1 for s in self._cameras.values() for q in s.queue if q.dispatch_by <= now)
 
     # --- changes -------------------------------------------------------------------------------
+    def set_rules(self, camera: str, rules: CameraRules) -> None:
+        """A camera added or changed while running: its rules from now on (frames waiting keep
+        their window; a new priority level applies to the next batch)."""
+        self._rules[camera] = rules
+        state = self._cameras.get(camera)
+        if state is None:
+            return
+        self._levels[state.rules.priority].pop(camera, None)
+        state.rules = rules
+        self._levels.setdefault(rules.priority, OrderedDict())[camera] = None
+        self._rate = None
+
     def add(self, camera: str, seq: int, captured: float, item: T, now: float) -> list[Dropped[T]]:
         state = self.camera(camera)
         state.observe_capture(captured)

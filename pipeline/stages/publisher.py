@@ -14,6 +14,7 @@ from pipeline.accounting import Accounting
 from pipeline.frame_acks import FrameAcks
 from pipeline.stages.batches import InferredBatch
 from pipeline.stages.lifecycle import Handoff
+from pipeline.telemetry import NO_TELEMETRY, DetectedFrame, Telemetry
 from streams.keys import StreamKeys
 from streams.messages import Detection, DetectionMessage, FrameMessage, Timestamps
 from streams.sinks import DetectionSink
@@ -29,9 +30,11 @@ class Publisher:
         acks: FrameAcks,
         keys: StreamKeys,
         accounting: Accounting,
+        telemetry: Telemetry = NO_TELEMETRY,
         clock: Callable[[], float] = time.time,
     ):
         self._detector = detector
+        self._telemetry = telemetry
         self._inbox = inbox
         self._sink = sink
         self._acks = acks
@@ -58,12 +61,11 @@ class Publisher:
         ]
         results = self._detector.postprocess(batch.output, geometries)
         published = self._clock()
-        self._sink.write(
-            [
-                self._detection_message(batch, message, result, published)
-                for message, result in zip(messages, results, strict=True)
-            ]
-        )
+        detections = [
+            self._detection_message(batch, message, result, published)
+            for message, result in zip(messages, results, strict=True)
+        ]
+        self._sink.write(detections)
         by_stream: dict[str, list[bytes]] = {}
         for q in frames:
             by_stream.setdefault(self._keys.frames(q.camera), []).append(q.item.entry_id)
@@ -73,6 +75,11 @@ class Publisher:
             [(m.camera, published - m.captured, batched - m.enqueued) for m in messages],
             published,
         )
+        for q, geometry, result, message in zip(
+            frames, geometries, results, detections, strict=True
+        ):
+            seen = DetectedFrame(q.seq, q.item.image, geometry, result)
+            self._telemetry.frame_detected(q.camera, message.timestamps, seen)
 
     def _detection_message(
         self,

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import redis
 
 from detectors.detector import Detector
 from pipeline.accounting import Accounting
-from pipeline.batching import BatchPolicy, Dropped, Queued
+from pipeline.batching import BatchPolicy, CameraRules, Dropped, Queued
 from pipeline.earlier_runs import EarlierRuns, claim_pending
 from pipeline.frame_acks import FrameAcks
 from pipeline.stages.batches import PendingFrame, PreparedBatch
@@ -32,6 +34,34 @@ from streams.transport import FrameDecoder, TransportLost
 log = logging.getLogger(__name__)
 
 IDLE_BLOCK_MS = 100
+
+
+class CameraChanges:
+    """Cameras added, changed or let go while the reader runs (from the supervisor's thread);
+    the reader applies them between reads, as it alone touches the policy."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._changes: list[tuple[str, str, CameraRules | None]] = []
+
+    def add(self, camera: str, rules: CameraRules) -> None:
+        """Read this camera's stream too, batched by ``rules``."""
+        with self._lock:
+            self._changes.append(("add", camera, rules))
+
+    def set_rules(self, camera: str, rules: CameraRules) -> None:
+        with self._lock:
+            self._changes.append(("rules", camera, rules))
+
+    def forget(self, camera: str) -> None:
+        """Stop reading a camera that ended (its end entry is read: nothing follows it)."""
+        with self._lock:
+            self._changes.append(("forget", camera, None))
+
+    def take(self) -> list[tuple[str, str, CameraRules | None]]:
+        with self._lock:
+            changes, self._changes = self._changes, []
+        return changes
 
 
 class FrameReader:
@@ -52,13 +82,16 @@ class FrameReader:
         until_done: bool,
         consumer_name: str,
         since_ms: int,
+        changes: CameraChanges | None = None,
         clock: Callable[[], float] = time.time,
     ):
-        """``since_ms``: Redis time at which this run began; older entries are an earlier run's."""
+        """``since_ms``: Redis time at which this run began; older entries are an earlier run's.
+        ``changes``: cameras added or removed while running."""
         self._lifecycle = lifecycle
+        self._changes = changes or CameraChanges()
         self._redis = redis_client
         self._keys = keys
-        self._cameras = cameras
+        self._cameras = list(cameras)
         self._detector = detector
         self._policy = policy
         self._accounting = accounting
@@ -110,6 +143,7 @@ class FrameReader:
     def _read_loop(self) -> None:
         policy, stop = self._policy, self._lifecycle.stop
         while not self._lifecycle.failed:
+            self._apply_changes()
             for size, seconds in self._meter.samples():
                 policy.observe(size, seconds)
             if stop.is_set() or (self._until_done and self._accounting.ended(self._cameras)):
@@ -135,11 +169,27 @@ class FrameReader:
             else:
                 block_ms = max(1, int(block_s * 1000))
             # COUNT applies per stream: read only what cannot overflow the policy's queues
-            per_stream = (policy.queues.max_waiting - policy.waiting) // len(self._read_ids)
-            if per_stream >= 1:
+            per_stream = (policy.queues.max_waiting - policy.waiting) // max(1, len(self._read_ids))
+            if per_stream >= 1 and self._read_ids:
                 self._read(count=per_stream, block_ms=block_ms)
             elif block_ms is not None:
                 stop.wait(block_s)  # full and idle: only a policy that waits on the clock
+
+    def _apply_changes(self) -> None:
+        for change, camera, rules in self._changes.take():
+            key = self._keys.frames(camera)
+            if change == "forget":
+                if camera in self._cameras:
+                    self._cameras.remove(camera)
+                self._read_ids.pop(key, None)
+                self._camera_of.pop(key, None)
+                continue
+            assert rules is not None
+            self._policy.queues.set_rules(camera, rules)
+            if change == "add" and camera not in self._cameras:
+                self._cameras.append(camera)
+                self._read_ids[key] = "0"  # own pending entries first, as at start
+                self._camera_of[key] = camera
 
     def _read(self, *, count: int, block_ms: int | None) -> None:
         """XREADGROUP over every camera; ``block_ms=None`` returns at once."""
@@ -262,8 +312,10 @@ class FrameReader:
         images, kept, lost = [], [], []
         for q in frames:
             try:
-                image = q.item.image
-                images.append(image if image is not None else self._frames.image(q.item.message))
+                if q.item.image is None:  # still in its transport: read it now, and keep it
+                    # with the frame (the publisher hands it to the live view)
+                    q = replace(q, item=replace(q.item, image=self._frames.image(q.item.message)))
+                images.append(q.item.image)
                 kept.append(q)
             except TransportLost as exc:  # counted, acknowledged and deleted like any drop
                 lost.append(Dropped(q, exc.cause))

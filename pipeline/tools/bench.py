@@ -220,7 +220,9 @@ def run_pipeline(config: Config) -> dict[str, Any]:
         return timed[-1]
 
     run_start = time.perf_counter()
-    summary = Pipeline(config, until_done=True, detector_factory=timed_detector).run()
+    summary = Pipeline(
+        config, until_done=True, detector_factory=timed_detector, serve_http=False
+    ).run()
     failed = [c.camera for c in summary.cameras if c.end_reason in ("error", "crashed")]
     if failed or not timed or timed[-1].first_infer is None:
         raise RuntimeError(f"failed cameras {failed} or no inference: the figures would be wrong")

@@ -45,6 +45,8 @@ def write_config(
         },
         "cameras": cameras,
         "redis": {"prefix": prefix, **({"url": redis_url} if redis_url else {})},
+        # any free port: daemons of several tests (or a developer's own) never collide
+        "http": {"listen": "127.0.0.1:0"},
         **sections,
     }
     path.write_text(yaml.safe_dump(config, sort_keys=False))

@@ -120,10 +120,19 @@ def test_an_exporter_that_raises_loses_its_event_only(caplog):
     lifecycle = Lifecycle(threading.Event(), GuardedTelemetry(BrokenTelemetry()))
     lifecycle.fail("publish", ConnectionError("sink down"))
     assert lifecycle.failed
-    telemetry = GuardedTelemetry(BrokenTelemetry())
+
+    class CountingTelemetry(Telemetry):
+        dropped = 0
+
+        def frames_dropped(self, camera, cause, count):
+            self.dropped += count
+
+    counting = CountingTelemetry()
+    telemetry = GuardedTelemetry(BrokenTelemetry(), counting)
     for _ in range(3):
         telemetry.frames_dropped("a", "stale", 1)
-    assert caplog.text.count("telemetry frames_dropped failed") == 1
+    assert caplog.text.count("telemetry frames_dropped of") == 1
+    assert counting.dropped == 3  # the next exporter still hears of every frame
 
 
 def test_a_redis_password_never_shows_in_a_stage_failure():
