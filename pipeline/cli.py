@@ -70,7 +70,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             config_dir=Path(args.config).absolute().parent,
         )
         _install_stop_handlers(pipeline.stop)
-        summary = pipeline.run()
+        if args.until_done and sys.stderr.isatty():
+            summary = _run_with_progress(pipeline)
+        else:
+            summary = pipeline.run()
     except FramebatchError as exc:
         return _report(exc)
     print(summary.format())
@@ -78,6 +81,28 @@ def cmd_run(args: argparse.Namespace) -> int:
         Path(args.summary_json).write_text(json.dumps(summary.to_json(), indent=2))
     failed = [c for c in summary.cameras if c.failed]
     return EXIT_CAMERA_ERRORS if failed else EXIT_OK
+
+
+def _run_with_progress(pipeline):
+    """The run with a progress bar per camera on the terminal, log lines above them."""
+    from pipeline.progress import ProgressBars, expected_frames
+
+    totals = {camera.id: expected_frames(camera) for camera in pipeline.config.cameras}
+
+    def views():
+        control = pipeline.control  # set once the run has started
+        return control.cameras() if control else None
+
+    bars = ProgressBars(sys.stderr, views, totals)
+    root = logging.getLogger()
+    handlers = root.handlers[:]
+    root.handlers = [bars.log_handler(handler) for handler in handlers]
+    bars.start()
+    try:
+        return pipeline.run()
+    finally:
+        bars.close()
+        root.handlers = handlers
 
 
 def with_http_listen(config, listen: str | None):

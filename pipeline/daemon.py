@@ -131,6 +131,11 @@ class Pipeline:
     http_url: str | None = field(default=None, init=False)  # once serving
 
     @property
+    def control(self) -> Control | None:
+        """What the HTTP API sees of the run, once it has started."""
+        return getattr(self, "_control", None)
+
+    @property
     def _reconnect_timeout_s(self) -> float:
         return self.config.redis.reconnect_timeout_s
 

@@ -39,6 +39,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", type=Path, default=REPO_ROOT / "configs" / "demo.yaml")
     parser.add_argument("--seconds", type=float, default=30.0, help="how long to run")
+    parser.add_argument(
+        "--http",
+        default="127.0.0.1:0",
+        help="where the live view, metrics and API listen (default: any free loopback port)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
@@ -48,7 +53,10 @@ def main() -> int:
         return 2
     with EmbeddedRedis() as server:
         config = config.model_copy(
-            update={"redis": config.redis.model_copy(update={"url": server.url})}
+            update={
+                "redis": config.redis.model_copy(update={"url": server.url}),
+                "http": config.http.model_copy(update={"listen": args.http}),
+            }
         )
         pipeline = Pipeline(config)
         result: list[RunSummary] = []
@@ -60,8 +68,12 @@ def main() -> int:
         consumer = DetectionConsumer(client, StreamKeys(config.redis.prefix), from_start=True)
         timer = threading.Timer(args.seconds, pipeline.stop.set)
         timer.start()
+        shown = False
         try:
             while not pipeline.stop.is_set() and runner.is_alive():
+                if not shown and pipeline.http_url:
+                    print(f"live view: {pipeline.http_url}/  metrics: {pipeline.http_url}/metrics")
+                    shown = True
                 for message in consumer.messages(timeout_s=0.5):
                     print(describe(message), flush=True)
         except KeyboardInterrupt:

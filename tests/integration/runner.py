@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +65,28 @@ def framebatch(
         timeout=timeout,
         env=env,
     )
+
+
+def stop_daemon(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
+    """SIGTERM, as a user's Ctrl-C or a service manager would; killed after 60 s."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    return proc.returncode, out, err
+
+
+def wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.05):
+    """``condition()``'s first true value; AssertionError naming ``what`` after the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
 def run_until_done(config: Path, timeout: float = 900) -> CliResult:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +17,13 @@ from streams.embedded_redis import free_tcp_port
 from streams.keys import StreamKeys
 from streams.rtsp_replay import rtsp_server_available, serve_rtsp
 from tests.conftest import MODEL, SAMPLE_CLIPS, VIDEOS
-from tests.integration.runner import framebatch, published, run_until_done, write_config
+from tests.integration.runner import (
+    framebatch,
+    published,
+    run_until_done,
+    stop_daemon,
+    write_config,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -32,16 +37,6 @@ def start_daemon(config) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
-
-
-def stop_daemon(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        out, err = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-    return proc.returncode, out, err
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,13 @@ from streams.shm_ring import SHM_DIR, ShmRing, segment_name, segment_pid
 from streams.transport import host_id
 from tests.conftest import MODEL, SAMPLE_CLIPS, VIDEOS
 from tests.integration.matching import unmatched
-from tests.integration.runner import framebatch, published, run_until_done, write_config
+from tests.integration.runner import (
+    framebatch,
+    published,
+    run_until_done,
+    wait_for,
+    write_config,
+)
 from tests.integration.test_replay import CLIPS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -156,16 +162,6 @@ def dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     return proc.pid
-
-
-def wait_for(condition, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
 def test_sigkilled_decoder_leaves_no_segment(assets, redis_url, prefix, tmp_path) -> None:

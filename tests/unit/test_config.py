@@ -690,3 +690,33 @@ def test_every_shipped_config_is_valid(path: Path, monkeypatch):
     monkeypatch.setenv("CAM_PASSWORD", SECRET)
     config = load_config(path)
     assert config.cameras
+
+
+@pytest.mark.parametrize(
+    ("http", "expected"),
+    [
+        ({}, "127.0.0.1:9108"),
+        ({"listen": "[::1]:0"}, "[::1]:0"),
+        ({"listen": None}, None),
+        ({"listen": "0.0.0.0:9108", "token": "t" * 16}, "0.0.0.0:9108"),
+    ],
+)
+def test_http_listen(http: dict[str, Any], expected: str | None):
+    config = parse_config(merged(MINIMAL, {"http": http}), base_dir=BASE)
+    assert config.http.listen == expected
+
+
+@pytest.mark.parametrize(
+    ("http", "line"),
+    [
+        ({"listen": "9108"}, "http.listen: expected host:port"),
+        ({"listen": "host:99999"}, "http.listen: expected host:port"),
+        ({"listen": "0.0.0.0:9108"}, "http.token: required when listen (0.0.0.0:9108) is not"),
+        ({"listen": "127.0.0.1:1", "token": "short"}, "http.token: "),
+    ],
+)
+def test_bad_http_settings_name_the_field(http: dict[str, Any], line: str):
+    with pytest.raises(ConfigError) as info:
+        parse_config(merged(MINIMAL, {"http": http}), base_dir=BASE)
+    assert any(error.startswith(line) for error in info.value.errors), info.value.errors
+    assert "short" not in str(info.value)  # a token never shows in an error

@@ -1,0 +1,144 @@
+"""The HTTP endpoint of a real daemon: health, a camera added, re-prioritised and removed
+without a restart (every frame counted), metrics reflecting it, and a taken port."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import MODEL, VIDEOS
+from tests.integration.runner import framebatch, stop_daemon, wait_for, write_config
+
+pytestmark = pytest.mark.integration
+
+HIGHWAY = VIDEOS / "highway_traffic_960x540_30fps.mp4"
+STREET = VIDEOS / "street_night_1920x1080_3fps.mp4"
+LOOPING = {"loop": True, "realtime": True, "fps": 5}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def get(client: httpx.Client, path: str) -> httpx.Response | None:
+    try:
+        return client.get(path)
+    except httpx.TransportError:
+        return None  # not listening yet
+
+
+@pytest.fixture
+def daemon(assets, tmp_path):
+    port = free_port()
+    config = write_config(
+        tmp_path / "api.yaml",
+        model=MODEL,
+        cameras=[{"id": "cam1", "url": str(HIGHWAY), **LOOPING}],
+        redis_url=None,
+        http={"listen": f"127.0.0.1:{port}"},
+    )
+    summary = tmp_path / "summary.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "run", str(config), "--summary-json", str(summary)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=15)
+    try:
+        yield proc, client, summary
+    finally:
+        client.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def camera(client: httpx.Client, camera_id: str) -> dict:
+    response = client.get(f"/api/cameras/{camera_id}")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_cameras_are_added_changed_and_removed_live_and_every_frame_is_counted(daemon, tmp_path):
+    proc, client, summary_path = daemon
+    # alive while the model loads, ready once it is warm
+    wait_for(
+        lambda: (r := get(client, "/healthz")) is not None and r.status_code == 200, 60, "/healthz"
+    )
+    wait_for(lambda: get(client, "/readyz").status_code == 200, 90, "/readyz")
+
+    added = client.post("/api/cameras", json={"id": "cam2", "url": str(STREET), **LOOPING})
+    assert added.status_code == 201, added.text
+    assert added.json()["state"] in ("starting", "running")
+    wait_for(lambda: camera(client, "cam2")["processed"] > 0, 60, "cam2's first detections")
+    assert {c["id"] for c in client.get("/api/cameras").json()} == {"cam1", "cam2"}
+
+    # validated as a config entry: each problem names its field, no password shown
+    bad = client.post(
+        "/api/cameras", json={"id": "bad id", "url": "http://user:hunter2@host/x", "fps": -1}
+    )
+    assert bad.status_code == 422
+    lines = bad.json()["detail"]
+    assert [line.split(":")[0] for line in lines] == ["id", "url", "fps"], lines
+    assert "hunter2" not in bad.text
+    assert client.post("/api/cameras", json={"id": "cam2", "url": str(STREET)}).status_code == 409
+    assert client.post("/api/cameras", content=b"[1, 2]").status_code == 422
+
+    changed = client.patch("/api/cameras/cam2", json={"priority": 3})
+    assert changed.status_code == 200 and changed.json()["priority"] == 3
+    assert client.patch("/api/cameras/cam2", json={"priority": 42}).status_code == 422
+    assert client.patch("/api/cameras/nope", json={"priority": 1}).status_code == 404
+
+    removed = client.delete("/api/cameras/cam1")
+    assert removed.status_code == 202 and removed.json()["state"] == "draining"
+    wait_for(lambda: camera(client, "cam1")["state"] == "removed", 30, "cam1 to drain")
+    cam1 = camera(client, "cam1")
+    assert cam1["decoded"] == cam1["processed"] + sum(cam1["dropped"].values()) > 0
+    assert client.delete("/api/cameras/cam1").status_code == 409
+    assert client.get("/api/cameras/cam1/frame.jpg").status_code == 404  # let go with it
+    frame = client.get("/api/cameras/cam2/frame.jpg")
+    assert frame.status_code == 200 and frame.headers["content-type"] == "image/jpeg"
+    assert frame.content[:2] == b"\xff\xd8"
+
+    metrics = client.get("/metrics").text
+    assert 'framebatch_camera_state{camera="cam1",state="removed"} 1.0' in metrics
+    assert 'framebatch_camera_up{camera="cam2"} 1.0' in metrics
+    processed_cam1 = f'framebatch_frames_processed_total{{camera="cam1"}} {cam1["processed"]}.0'
+    assert processed_cam1 in metrics
+
+    code, _, err = stop_daemon(proc)
+    assert code == 0, err[-3000:]
+    summary = json.loads(summary_path.read_text())
+    cameras = {c["camera"]: c for c in summary["cameras"]}
+    assert set(cameras) == {"cam1", "cam2"}
+    for entry in cameras.values():  # nothing in flight: processed or dropped with a cause
+        assert entry["decoded"] == entry["processed"] + sum(entry["dropped"].values()), entry
+    assert cameras["cam1"]["processed"] == cam1["processed"]  # nothing after its removal
+
+
+def test_a_taken_port_is_a_clear_start_up_error(assets, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        config = write_config(
+            tmp_path / "taken.yaml",
+            model=MODEL,
+            cameras=[{"id": "cam1", "url": str(STREET)}],
+            redis_url=None,
+        )
+        started = time.monotonic()
+        result = framebatch("run", str(config), "--http", f"127.0.0.1:{port}", timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert f"http.listen 127.0.0.1:{port}: cannot listen there" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert time.monotonic() - started < 30  # before the model or any decoder starts
