@@ -7,10 +7,11 @@ live camera's capped stream trimmed before the batcher read them) are found from
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pipeline.summary import CameraSummary, RunSummary, percentile
 from pipeline.telemetry import NO_TELEMETRY, Telemetry
@@ -245,46 +246,66 @@ class Accounting:
                 for state in self._cameras.values()
             )
 
-    def summary(self) -> RunSummary:
+    def summary(self, recent: int | None = None) -> RunSummary:
+        """The run so far; latency percentiles over each camera's last ``recent`` frames
+        (all kept samples when None). Samples are copied under the lock and sorted after it,
+        so a summary asked for while running never holds up the batcher."""
         with self._lock:
             finished = self._clock()
-            cameras = []
-            all_latencies: list[float] = []
-            all_delays: list[float] = []
+            states = []
             for camera, state in sorted(self._cameras.items()):
-                latencies = sorted(state.latencies)
-                all_latencies.extend(latencies)
-                all_delays.extend(state.queue_delays)
-                cameras.append(
-                    CameraSummary(
-                        camera=camera,
-                        decoded=state.decoded,
-                        processed=state.processed,
-                        previous_run=state.previous_run,
-                        sampled_out=state.sampled_out,
-                        dropped=dict(state.dropped),
-                        end_reason=state.end_reason,
-                        error=state.end_error,
-                        latency_p50_s=percentile(latencies, 50),
-                        latency_p99_s=percentile(latencies, 99),
-                    )
+                latencies, delays = (
+                    _last(state.latencies, recent),
+                    _last(state.queue_delays, recent),
                 )
-            all_latencies.sort()
-            all_delays.sort()
-            batches = sum(self._batch_sizes.values())
-            frames = sum(size * count for size, count in self._batch_sizes.items())
-            return RunSummary(
-                cameras=tuple(cameras),
-                batches=batches,
-                batch_sizes=dict(sorted(self._batch_sizes.items())),
-                mean_batch_size=frames / batches if batches else 0.0,
-                batch_fill_ratio=frames / batches / self._max_batch_size if batches else 0.0,
-                queue_delay_p50_s=percentile(all_delays, 50),
-                queue_delay_p99_s=percentile(all_delays, 99),
-                wall_s=finished - self._started,
-                processing_s=(self._last_published or finished)
-                - (self._first_published or finished),
-                latency_p50_s=percentile(all_latencies, 50),
-                latency_p90_s=percentile(all_latencies, 90),
-                latency_p99_s=percentile(all_latencies, 99),
+                states.append(
+                    (camera, replace(state, dropped=Counter(state.dropped)), latencies, delays)
+                )
+            batch_sizes = dict(sorted(self._batch_sizes.items()))
+            first_published, last_published = self._first_published, self._last_published
+        cameras = []
+        all_latencies: list[float] = []
+        all_delays: list[float] = []
+        for camera, state, latencies, delays in states:
+            latencies.sort()
+            all_latencies.extend(latencies)
+            all_delays.extend(delays)
+            cameras.append(
+                CameraSummary(
+                    camera=camera,
+                    decoded=state.decoded,
+                    processed=state.processed,
+                    previous_run=state.previous_run,
+                    sampled_out=state.sampled_out,
+                    dropped=dict(state.dropped),
+                    end_reason=state.end_reason,
+                    error=state.end_error,
+                    latency_p50_s=percentile(latencies, 50),
+                    latency_p99_s=percentile(latencies, 99),
+                )
             )
+        all_latencies.sort()
+        all_delays.sort()
+        batches = sum(batch_sizes.values())
+        frames = sum(size * count for size, count in batch_sizes.items())
+        return RunSummary(
+            cameras=tuple(cameras),
+            batches=batches,
+            batch_sizes=batch_sizes,
+            mean_batch_size=frames / batches if batches else 0.0,
+            batch_fill_ratio=frames / batches / self._max_batch_size if batches else 0.0,
+            queue_delay_p50_s=percentile(all_delays, 50),
+            queue_delay_p99_s=percentile(all_delays, 99),
+            wall_s=finished - self._started,
+            processing_s=(last_published or finished) - (first_published or finished),
+            latency_p50_s=percentile(all_latencies, 50),
+            latency_p90_s=percentile(all_latencies, 90),
+            latency_p99_s=percentile(all_latencies, 99),
+        )
+
+
+def _last(samples: deque[float], count: int | None) -> list[float]:
+    """The newest ``count`` samples (all when None), as a new list."""
+    if count is None or count >= len(samples):
+        return list(samples)
+    return list(itertools.islice(samples, len(samples) - count, None))

@@ -25,6 +25,7 @@ from streams.keys import StreamKeys
 from streams.urls import redact_url
 
 COMMAND_TIMEOUT_S = 10.0
+RECENT_FRAMES = 1000  # latency percentiles of the API and the view: each camera's newest frames
 RATE_WINDOW_S = 5.0
 #: decoder status events -> camera state (``framebatch_camera_state``)
 EVENT_STATES = {
@@ -218,7 +219,7 @@ class Control:
             return False
 
     def cameras(self) -> list[CameraView]:
-        summaries = {c.camera: c for c in self.accounting.summary().cameras}
+        summaries = {c.camera: c for c in self.accounting.summary(RECENT_FRAMES).cameras}
         return self.states.views(summaries)
 
     def camera(self, camera: str) -> CameraView:

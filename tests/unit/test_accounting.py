@@ -514,3 +514,14 @@ def test_frames_sampled_out_are_counted_apart_from_decoded() -> None:
     assert (summary.decoded, summary.sampled_out) == (5, 10)
     assert summary.dropped == {"overflow": 1}
     assert "(+10 sampled out)" in accounting.summary().format()
+
+
+def test_a_summary_of_recent_frames_takes_each_cameras_newest_latencies() -> None:
+    accounting = Accounting(["a"])
+    for seq, latency in enumerate([5.0, 5.0, 0.1, 0.2, 0.3]):
+        accounting.on_received("a", seq)
+        accounting.on_published([("a", latency, 0.0)], float(seq))
+    [everything] = accounting.summary().cameras
+    [recent] = accounting.summary(recent=3).cameras
+    assert everything.latency_p99_s == 5.0 and recent.latency_p99_s == 0.3
+    assert recent.latency_p50_s == 0.2 and recent.processed == everything.processed == 5

@@ -471,3 +471,14 @@ def test_cached_minimums_match_the_frames_waiting(
         assert queues.earliest_dispatch_by() == earliest
         assert queues.due(now) == sum(q.dispatch_by <= now for q in frames)
         assert queues.any_due(now) is (earliest is not None and earliest <= now)
+
+
+def test_a_priority_changed_while_running_applies_to_the_next_batch() -> None:
+    queues = make_queues()
+    feed(queues, [("a", 0.0), ("b", 0.1), ("a", 0.2), ("b", 0.3)])
+    queues.set_rules("b", CameraRules(priority=0, max_wait_ms=DEFAULT_RULES.max_wait_ms))
+    queues.set_rules("a", CameraRules(priority=5, max_wait_ms=DEFAULT_RULES.max_wait_ms))
+    assert items(queues.take(2)) == ["b0", "b1"]  # a waits behind b now
+    queues.set_rules("new", CameraRules(priority=1))  # added live: rules before its first frame
+    feed(queues, [("new", 0.4)])
+    assert items(queues.take(2)) == ["new0", "a0"]
