@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 import yaml
 from pydantic import (
@@ -54,6 +54,7 @@ CAMERA_SCHEMES = ("rtsp", "rtsps")
 #: One decode process per camera: past this, split the cameras across daemons.
 MAX_CAMERAS_PER_DAEMON = 64
 _KEY_PART = re.compile(r"[A-Za-z0-9_.-]+")
+_CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
 _MODEL_CONFIG = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
@@ -287,8 +288,17 @@ class CameraConfig(BaseModel):
     @field_validator("url")
     @classmethod
     def _check_url(cls, url: str, info: ValidationInfo) -> str:
+        if _CONTROL_CHARACTERS.search(url):  # a newline would forge log lines, a NUL cut paths
+            raise fail("must not contain control characters (newlines, NUL...)")
         scheme = url_scheme(url) or None
         if scheme in CAMERA_SCHEMES:
+            # (the URL is not echoed: redaction cannot be trusted on a URL that does not parse)
+            try:
+                host = urlsplit(url).hostname
+            except ValueError as exc:
+                raise fail(f"not a valid URL ({exc})") from None
+            if not host:
+                raise fail(f"no host in the {scheme}:// URL")
             return url
         if scheme == "file":
             rest = url[len("file://") :]

@@ -89,10 +89,14 @@ class CameraStates:
                 self._cameras[camera].state = state
 
     def on_event(self, event: Mapping[str, str]) -> None:
-        """A decoder status event (``streams.events``)."""
+        """A decoder status event (``streams.events``); a source that failed and then ended
+        stays ``failed``."""
         state = EVENT_STATES.get(event.get("event", ""))
+        camera = event.get("camera", "")
+        if state == "ended" and self.state(camera) == "failed":
+            return
         if state is not None:
-            self.set(event.get("camera", ""), state)
+            self.set(camera, state)
 
     def set_priority(self, camera: str, priority: int) -> None:
         with self._lock:

@@ -28,19 +28,28 @@ from typing import Annotated, Any, Protocol
 import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.config import CameraConfig, ConfigError, split_listen
-from pipeline.control import CameraConflict, CameraNotFound, CameraView, Control
+from pipeline.config_errors import MAX_LINE, clip
+from pipeline.control import (
+    RECENT_FRAMES,
+    CameraConflict,
+    CameraNotFound,
+    CameraView,
+    Control,
+)
 from pipeline.live_view import LiveFrames
 
 log = logging.getLogger(__name__)
 
 PAGE = Path(__file__).with_name("web") / "index.html"
-CAMERA_ID = Annotated[str, PathParam(pattern=r"^[A-Za-z0-9_.-]{1,64}$", max_length=64)]
+CAMERA_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+CAMERA_ID = Annotated[str, PathParam(pattern=CAMERA_ID_PATTERN, max_length=64)]
 SERVER_STOP_S = 5.0
 BearerCredentials = Annotated[
     HTTPAuthorizationCredentials | None, Depends(HTTPBearer(auto_error=False))
@@ -90,6 +99,26 @@ class Stats(BaseModel):
     latency_p99_s: float | None
 
 
+def camera_schema() -> dict[str, Any]:
+    """A config's camera as JSON Schema, with the id's form (checked by a validator, so absent
+    from the model's own schema) spelt out for clients."""
+    schema = CameraConfig.model_json_schema()
+    schema["properties"]["id"].update(minLength=1, maxLength=64, pattern=CAMERA_ID_PATTERN)
+    schema["properties"]["url"].update(minLength=1)
+    return schema
+
+
+def validation_problems(exc: RequestValidationError) -> list[str]:
+    """FastAPI's validation errors as ``field: message`` lines, as for a config (``Problem``);
+    the values sent are not echoed."""
+    lines = []
+    for error in exc.errors():
+        loc = [str(part) for part in error.get("loc", ())]
+        where = ".".join(loc[1:] if loc and loc[0] in ("path", "query", "body") else loc)
+        lines.append(clip(f"{where or 'body'}: {error.get('msg', 'invalid')}", MAX_LINE))
+    return lines
+
+
 def build_app(
     *,
     control: Control,
@@ -113,8 +142,11 @@ def build_app(
         if not secrets.compare_digest(given.encode(), token.encode()):
             raise HTTPException(401, "a bearer token is required", {"WWW-Authenticate": "Bearer"})
 
-    guarded = [Depends(authorised)]
-    errors = {404: {"model": Problem}, 409: {"model": Problem}, 422: {"model": Problem}}
+    # without a token the document promises no authentication, and the API asks none
+    guarded = [Depends(authorised)] if token is not None else []
+    denied: dict[int | str, dict[str, Any]] = {401: {"model": Problem}} if guarded else {}
+    invalid = {**denied, 404: {"model": Problem}, 422: {"model": Problem}}
+    errors = {**invalid, 409: {"model": Problem}}
 
     def out(view: CameraView) -> CameraOut:
         return CameraOut(**asdict(view))
@@ -155,7 +187,7 @@ def build_app(
             raise HTTPException(503, problems)
         return {"status": "ready"}
 
-    @app.get("/api/cameras", tags=["cameras"], dependencies=guarded)
+    @app.get("/api/cameras", tags=["cameras"], dependencies=guarded, responses=denied)
     def list_cameras() -> list[CameraOut]:
         return [out(view) for view in control.cameras()]
 
@@ -168,7 +200,7 @@ def build_app(
         openapi_extra={
             "requestBody": {
                 "required": True,
-                "content": {"application/json": {"schema": CameraConfig.model_json_schema()}},
+                "content": {"application/json": {"schema": camera_schema()}},
             }
         },
     )
@@ -177,7 +209,7 @@ def build_app(
         file paths are relative to the config file)."""
         try:
             data = await request.json()
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deep
             raise HTTPException(422, "the body must be a JSON object") from None
         if not isinstance(data, dict):
             raise HTTPException(422, "the body must be a JSON object (a camera)")
@@ -190,7 +222,12 @@ def build_app(
         except CameraNotFound:
             raise HTTPException(404, f"no camera {camera!r}") from None
 
-    @app.patch("/api/cameras/{camera}", tags=["cameras"], dependencies=guarded, responses=errors)
+    @app.patch(
+        "/api/cameras/{camera}",
+        tags=["cameras"],
+        dependencies=guarded,
+        responses={**errors, 400: {"model": Problem, "description": "The body is not JSON"}},
+    )
     def set_priority(camera: CAMERA_ID, change: PriorityIn) -> CameraOut:
         """Change a camera's priority level; the next batch uses it."""
         return run(lambda: cameras.set_priority(camera, change.priority))
@@ -212,7 +249,7 @@ def build_app(
         tags=["view"],
         dependencies=guarded,
         response_class=Response,
-        responses={200: {"content": {"image/jpeg": {}}}, 404: {"model": Problem}},
+        responses={200: {"content": {"image/jpeg": {}}}, **invalid},
     )
     def frame(camera: CAMERA_ID) -> Response:
         """The camera's newest detected frame (as the model saw it) with its boxes."""
@@ -221,9 +258,9 @@ def build_app(
             raise HTTPException(404, f"no frame of {camera!r} yet")
         return Response(jpeg, media_type="image/jpeg", headers={"Cache-Control": "no-store"})
 
-    @app.get("/api/stats", tags=["view"], dependencies=guarded)
+    @app.get("/api/stats", tags=["view"], dependencies=guarded, responses=denied)
     def stats() -> Stats:
-        summary = control.accounting.summary()
+        summary = control.accounting.summary(RECENT_FRAMES)
         return Stats(
             batch_sizes={str(size): count for size, count in summary.batch_sizes.items()},
             mean_batch_size=summary.mean_batch_size,
@@ -239,6 +276,10 @@ def build_app(
     @app.exception_handler(HTTPException)
     def problem(_request: Request, exc: HTTPException) -> JSONResponse:
         return JSONResponse({"detail": exc.detail}, exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    def unprocessable(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": validation_problems(exc)}, 422)
 
     return app
 

@@ -720,3 +720,21 @@ def test_bad_http_settings_name_the_field(http: dict[str, Any], line: str):
         parse_config(merged(MINIMAL, {"http": http}), base_dir=BASE)
     assert any(error.startswith(line) for error in info.value.errors), info.value.errors
     assert "short" not in str(info.value)  # a token never shows in an error
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("/clips/a\n2026-12-03 ERROR forged", "must not contain control characters"),
+        ("/clips/a\x00.mp4", "must not contain control characters"),
+        ("rtsp://[::1/stream", "not a valid URL"),
+        (f"rtsp://user:{SECRET}@[cam/x", "not a valid URL"),
+        ("rtsp:///stream", "no host in"),
+    ],
+)
+def test_a_camera_url_that_cannot_be_opened_or_logged_safely_is_refused(url: str, message: str):
+    with pytest.raises(ConfigError) as info:
+        parse_config(camera(url=url), base_dir=BASE)
+    [error] = info.value.errors
+    assert error.startswith("cameras[0].url: " + message), error
+    assert SECRET not in error and "\n" not in error

@@ -34,6 +34,9 @@ def test_states_follow_the_decoders_events_until_removed():
     ]:
         states.on_event({"camera": "a", "event": event})
         assert states.state("a") == state
+    states.on_event({"camera": "a", "event": "error"})
+    states.on_event({"camera": "a", "event": "ended"})
+    assert states.state("a") == "failed"  # a source that failed, then ended, stays failed
     states.set("a", "removed")
     states.on_event({"camera": "a", "event": "opened"})
     assert states.state("a") == "removed"  # a late event does not bring it back

@@ -1,0 +1,290 @@
+"""The live view in a real (headless) browser, and the bearer token, against a running daemon.
+
+Chromium loads ``/`` with ``--dump-dom``: the page's own fetches, timers and image loads run
+(on virtual time, which waits for pending requests), and the DOM they built comes back.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+import yaml
+
+from tests.conftest import MODEL, VIDEOS
+from tests.integration.runner import write_config
+
+pytestmark = pytest.mark.integration
+
+T = TypeVar("T")
+
+TOKEN = "live-view-test-token-0123456789"
+LOOPING = {"loop": True, "realtime": True, "fps": 5}  # replays until stopped
+CLIPS = {
+    "lobby": VIDEOS / "indoor_person_768x432_10fps.mp4",
+    "street.night": VIDEOS / "street_night_1920x1080_3fps.mp4",
+}
+SERVING = re.compile(r"http: metrics, health, API and live view on (http://\S+)")
+START_S = 60.0  # model load and warm-up on two slow cores included
+STOP_S = 30.0
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+BUDGET_MS = 3500  # virtual time: the page refreshes every second, so at least three updates
+
+
+def wait_for(check: Callable[[], T], timeout_s: float, what: str) -> T:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.2)
+
+
+@dataclass
+class Daemon:
+    """``framebatch run CONFIG`` in a subprocess; its log in files (no pipe to fill up)."""
+
+    proc: subprocess.Popen[bytes]
+    stdout: Path
+    stderr: Path
+    summary: Path  # --summary-json
+    url: str = ""
+
+    def log(self) -> str:
+        return self.stderr.read_text(errors="replace")
+
+    def serving(self) -> str | None:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"framebatch exited with {self.proc.returncode}:\n{self.log()}")
+        match = SERVING.search(self.log())
+        return match.group(1) if match else None
+
+    def stop(self) -> int:
+        """SIGTERM, wait; kill only when it hangs (and say so)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(STOP_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"framebatch ignored SIGTERM for {STOP_S:.0f} s") from None
+
+
+def failed_cameras(summary: dict[str, Any]) -> set[str]:
+    """As ``CameraSummary.failed``: the source failed, the decoder died, or a live camera was
+    stopped while it could not connect."""
+    return {
+        c["camera"]
+        for c in summary["cameras"]
+        if c["end_reason"] in ("error", "crashed") or c["error"]
+    }
+
+
+@contextmanager
+def running_daemon(config: Path, headers: dict[str, str] | None = None) -> Iterator[Daemon]:
+    """A daemon whose endpoint is up, whose model is warm and whose cameras all have a frame
+    detected; stopped with SIGTERM at the end, which it must survive cleanly: exit code 0, or 1
+    where only cameras added through the API failed (the CLI's exit code for failed cameras)."""
+    stdout, stderr = config.with_suffix(".out"), config.with_suffix(".err")
+    summary = config.with_suffix(".summary.json")
+    with stdout.open("wb") as out, stderr.open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", "run", str(config)]
+            + ["--summary-json", str(summary)],
+            stdout=out,
+            stderr=err,
+        )
+    daemon = Daemon(proc, stdout, stderr, summary)
+    try:
+        daemon.url = wait_for(daemon.serving, START_S, "the http line in the log")
+        with httpx.Client(base_url=daemon.url, headers=headers, timeout=10) as client:
+            wait_for(lambda: client.get("/readyz").status_code == 200, START_S, "/readyz")
+            wait_for(
+                lambda: all(c["processed"] > 0 for c in client.get("/api/cameras").json()),
+                START_S,
+                "a detected frame of every camera",
+            )
+        yield daemon
+    finally:
+        code = daemon.stop()
+    log = daemon.log()
+    assert "Traceback" not in log, log
+    assert "framebatch summary" in daemon.stdout.read_text(), log
+    failed = failed_cameras(json.loads(summary.read_text()))
+    configured = {camera["id"] for camera in yaml.safe_load(config.read_text())["cameras"]}
+    assert not failed & configured, (failed, log)
+    assert code == (1 if failed else 0), (code, failed, log)
+
+
+def looping_config(path: Path, redis_url: str, clips: dict[str, Path], **http: Any) -> Path:
+    return write_config(
+        path,
+        model=MODEL,
+        cameras=[{"id": camera, "url": str(clip), **LOOPING} for camera, clip in clips.items()],
+        redis_url=redis_url,
+        prefix=path.stem,  # the session's Redis is shared: keys of its own
+        http={"listen": "127.0.0.1:0", **http},
+    )
+
+
+# --- the page as the browser built it -------------------------------------------------------
+@dataclass
+class Tile:
+    processed: int
+    frame: str | None  # the image's natural size once loaded ("640x360"), "error" if it failed
+    src: str | None = None
+
+
+@dataclass
+class Page:
+    updates: int = 0  # refreshes the page completed
+    updated: str = ""
+    tiles: dict[str, Tile] = field(default_factory=dict)
+
+
+class _PageParser(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.page = Page()
+        self._updated = False
+        self._tile: Tile | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attr = dict(attrs)
+        element_id = attr.get("id") or ""
+        if element_id == "updated":
+            self.page.updates = int(attr.get("data-updates") or 0)
+            self._updated = True
+        elif element_id.startswith("camera-"):
+            self._tile = Tile(int(attr.get("data-processed") or 0), attr.get("data-frame"))
+            self.page.tiles[element_id.removeprefix("camera-")] = self._tile
+        elif tag == "img" and self._tile is not None:
+            self._tile.src = attr.get("src")
+
+    def handle_data(self, data: str) -> None:
+        if self._updated:
+            self.page.updated += data
+
+    def handle_endtag(self, tag: str) -> None:
+        self._updated = False
+
+
+def browser() -> str:
+    for name in BROWSERS:
+        if path := shutil.which(name):
+            return path
+    pytest.skip(f"no headless browser: none of {', '.join(BROWSERS)} is installed")
+
+
+def load_page(chrome: str, url: str, profile: Path) -> Page:
+    """The DOM after ``BUDGET_MS`` of the page's (virtual) time."""
+    result = subprocess.run(
+        [
+            chrome,
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-extensions",
+            f"--user-data-dir={profile}",
+            f"--virtual-time-budget={BUDGET_MS}",
+            "--dump-dom",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0 and "<html" in result.stdout, result.stderr[-2000:]
+    parser = _PageParser()
+    parser.feed(result.stdout)
+    return parser.page
+
+
+# --- the tests ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def daemon(assets, redis_url, tmp_path_factory) -> Iterator[Daemon]:
+    config = looping_config(
+        tmp_path_factory.mktemp("live") / "live.yaml", redis_url, CLIPS, token=TOKEN
+    )
+    with running_daemon(config, {"Authorization": f"Bearer {TOKEN}"}) as running:
+        yield running
+
+
+@pytest.fixture
+def api(daemon: Daemon) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=daemon.url, timeout=10) as client:
+        yield client
+
+
+def test_every_camera_has_a_tile_with_its_newest_frame_and_the_page_updates(
+    daemon: Daemon, api: httpx.Client, tmp_path
+):
+    chrome = browser()
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    cameras = {c["id"] for c in api.get("/api/cameras", headers=bearer).json()}
+    assert cameras == set(CLIPS)
+
+    first = load_page(chrome, f"{daemon.url}/?token={TOKEN}", tmp_path / "profile")
+    assert set(first.tiles) == cameras, first
+    assert first.updates >= 2, first  # refreshed by its timer, not only once
+    assert not first.updated.startswith("error"), first.updated
+    for camera, tile in first.tiles.items():
+        assert tile.processed > 0, (camera, tile)
+        assert tile.src and tile.src.startswith(f"/api/cameras/{camera}/frame.jpg?"), tile
+        # the browser loaded the image: its onload noted the natural size
+        assert tile.frame and re.fullmatch(r"[1-9]\d*x[1-9]\d*", tile.frame), (camera, tile)
+        frame = api.get(tile.src)  # the src carries the token for the <img>
+        assert frame.status_code == 200
+        assert frame.headers["content-type"] == "image/jpeg"
+        assert frame.content.startswith(b"\xff\xd8")  # a JPEG's SOI marker
+        assert api.get(tile.src.split("?")[0]).status_code == 401  # not without the token
+
+    time.sleep(2.0)  # 5 frames a second each: ten more processed per camera
+    second = load_page(chrome, f"{daemon.url}/?token={TOKEN}", tmp_path / "profile")
+    assert set(second.tiles) == cameras
+    for camera in cameras:
+        assert second.tiles[camera].processed > first.tiles[camera].processed, (first, second)
+
+
+def test_the_api_and_the_view_need_the_token_while_metrics_and_probes_stay_open(
+    api: httpx.Client,
+):
+    for path in ("/api/cameras", "/api/stats", "/api/cameras/lobby", "/"):
+        refused = api.get(path)
+        assert refused.status_code == 401, (path, refused.text)
+        assert refused.headers["www-authenticate"] == "Bearer"
+        assert (
+            api.get(path, headers={"Authorization": "Bearer not-the-token-0000"}).status_code == 401
+        )
+    cameras = api.get("/api/cameras", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert cameras.status_code == 200
+    assert {c["id"] for c in cameras.json()} == set(CLIPS)
+    assert api.get("/api/cameras", params={"token": TOKEN}).status_code == 200  # as the page
+    # a change needs the token too, and one refused changes nothing
+    assert api.patch("/api/cameras/lobby", json={"priority": 3}).status_code == 401
+    assert api.delete("/api/cameras/lobby").status_code == 401
+    lobby = api.get("/api/cameras/lobby", params={"token": TOKEN}).json()
+    assert lobby["priority"] == 0 and lobby["state"] == "running"
+
+    metrics = api.get("/metrics")
+    assert metrics.status_code == 200
+    assert 'framebatch_frames_processed_total{camera="lobby"}' in metrics.text
+    assert api.get("/healthz").json() == {"status": "ok"}
+    assert api.get("/readyz").json() == {"status": "ready"}
