@@ -37,6 +37,7 @@ class _CameraState:
     shed: int = 0  # received, then dropped by the batching policy
     dropped: Counter[str] = field(default_factory=Counter)
     ended: bool = False
+    ends: int = 0  # end entries read: one per decoder session, whatever ended it
     end_reason: str = ""
     end_error: str = ""
     latencies: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_SAMPLES))
@@ -166,6 +167,7 @@ class Accounting:
             state.last_seq, state.session = -1, None
             state.decoded = state.earlier_sessions + state.decode_errors
             state.ended, state.end_reason, state.end_error = True, reason, error
+            state.ends += 1
             return entries
 
     def on_redis_lost(self, cameras: list[str]) -> None:
@@ -228,6 +230,12 @@ class Accounting:
         """Frames decoded so far by each camera's decoder sessions (as ``summary``)."""
         with self._lock:
             return {camera: state.decoded for camera, state in self._cameras.items()}
+
+    def end_count(self, camera: str) -> int:
+        """End entries read for this camera (each decoder session writes one, or the
+        supervisor for one that died)."""
+        with self._lock:
+            return self._state(camera).ends
 
     def ended(self, cameras: list[str]) -> bool:
         """Whether each of these cameras has sent its end-of-stream entry."""

@@ -310,6 +310,8 @@ class CameraConfig(BaseModel):
             )
         if not url.strip():
             raise fail("must not be empty")
+        if _CONTROL_CHARACTERS.search(url):  # %0A, %00 in a file:// URL
+            raise fail("must not contain control characters (newlines, NUL...)")
         return str(_resolve(Path(url), info))
 
     @model_validator(mode="after")

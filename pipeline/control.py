@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,8 +94,8 @@ class CameraStates:
         stays ``failed``."""
         state = EVENT_STATES.get(event.get("event", ""))
         camera = event.get("camera", "")
-        if state == "ended" and self.state(camera) == "failed":
-            return
+        if state == "ended" and self.state(camera) in ("failed", "draining"):
+            return  # draining ends as removed, once its frames are all counted
         if state is not None:
             self.set(camera, state)
 
@@ -166,14 +167,19 @@ class Control:
         states: CameraStates,
         redis_client: redis.Redis,
         keys: StreamKeys,
+        max_silence_s: float = 5.0,
     ):
+        """``max_silence_s``: how long the supervisor may go without a tick and still count as
+        alive (it waits out Redis outages inside a tick)."""
         self.accounting = accounting
         self.states = states
         self._redis = redis_client
         self._keys = keys
         self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self._lock = threading.Lock()  # a command is queued only while the run takes them
         self.ready = threading.Event()  # model loaded, warmed up, batchers running
-        self._alive_at = time.monotonic()
+        self._alive_at: float | None = None  # the supervisor's last tick; None before the first
+        self._max_silence_s = max_silence_s
         self._stopped = False
 
     # --- the supervisor's side -----------------------------------------------------------
@@ -194,7 +200,8 @@ class Control:
 
     def stopped(self) -> None:
         """The run ends: queued and later commands fail at once."""
-        self._stopped = True
+        with self._lock:
+            self._stopped = True
         self.ready.clear()
         while True:
             try:
@@ -206,15 +213,23 @@ class Control:
     # --- the requesters' side ------------------------------------------------------------
     def submit(self, apply: Callable[[], Any], timeout_s: float = COMMAND_TIMEOUT_S) -> Any:
         """Run ``apply`` on the supervisor's thread and return its result (or raise its error)."""
-        if self._stopped:
-            raise CameraConflict("the pipeline is stopping")
         command = Command(apply)
-        self._commands.put(command)
-        return command.result.result(timeout_s)
+        with self._lock:
+            if self._stopped:
+                raise CameraConflict("the pipeline is stopping")
+            self._commands.put(command)
+        try:
+            return command.result.result(timeout_s)
+        except FutureTimeout:
+            if command.result.cancel():  # not started: it never will be
+                raise TimeoutError("the pipeline did not take the request in time") from None
+            return command.result.result()  # started: its outcome is the answer
 
-    def alive(self, max_silence_s: float = 5.0) -> bool:
-        """The supervisor ticked recently."""
-        return time.monotonic() - self._alive_at <= max_silence_s
+    def alive(self) -> bool:
+        """The supervisor ticks (or has not started yet: the model loads)."""
+        if self._alive_at is None:
+            return not self._stopped
+        return time.monotonic() - self._alive_at <= self._max_silence_s
 
     def redis_reachable(self) -> bool:
         try:

@@ -10,8 +10,10 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass, field
@@ -104,6 +106,7 @@ class _Decoder:
     process: multiprocessing.process.BaseProcess
     worker: BatchWorker | None = None
     removing: bool = False  # removed through the API: drains, never restarts
+    kill_at: float | None = None  # removing: killed if still running then
     restarts: int = 0  # since the last healthy period: sets the backoff
     restart_at: float | None = None
     finished: bool = False
@@ -176,7 +179,7 @@ class Pipeline:
         check_run_mode(self.config, until_done=self.until_done)
         with ExitStack() as stack:
             listen = self.config.http.listen if self.serve_http else None
-            http_socket = bind(listen) if listen else None  # a taken port: exit 2, at once
+            http_socket = self._bind_http(listen) if listen else None
             if http_socket is not None:
                 stack.callback(http_socket.close)
             self.redis_url = self.config.redis.url or stack.enter_context(EmbeddedRedis()).url
@@ -193,7 +196,8 @@ class Pipeline:
             camera_ids = [camera.id for camera in self.config.cameras]
             registry = CollectorRegistry()
             metrics, live = PrometheusTelemetry(registry), LiveFrames()
-            telemetry = GuardedTelemetry(self.telemetry, metrics, live)
+            exporters = (metrics, live) if http_socket is not None else (metrics,)
+            telemetry = GuardedTelemetry(self.telemetry, *exporters)
             accounting = Accounting(
                 camera_ids,
                 max_batch_size=self.config.batching.max_batch_size,
@@ -205,7 +209,12 @@ class Pipeline:
             )
             stack.callback(status_client.close)
             control = Control(
-                accounting=accounting, states=states, redis_client=status_client, keys=keys
+                accounting=accounting,
+                states=states,
+                redis_client=status_client,
+                keys=keys,
+                # a tick may wait out a Redis outage: not a dead supervisor
+                max_silence_s=self._reconnect_timeout_s + 10,
             )
             stack.callback(control.stopped)
             self._control, self._metrics, self._live = control, metrics, live
@@ -224,6 +233,7 @@ class Pipeline:
                 redis_client=client, keys=keys, ledger_maxlen=self.config.redis.detections_maxlen
             )
             drain(client, keys, camera_ids, accounting=accounting, acks=acks)
+            self._accounting, self._acks = accounting, acks  # cameras added live are drained too
             events_seen = EventLog(client, keys).last_id()  # report every event of this run
             seconds, micros = client.time()
             since_ms = seconds * 1000 + micros // 1000  # stream entries older than this run
@@ -231,6 +241,7 @@ class Pipeline:
             self._stopping = threading.Event()  # no decoder restarts from here on
             letterbox = frame_letterbox(self.config)  # square, or rect where the model allows
             self._spawn_args = (letterbox, keys)
+            self._sessions: Counter[str] = Counter()  # decoder processes started per camera
             self._client, self._keys = client, keys
             # shm rings: a decoder's ring outlives it until its frames are read or the batchers
             # have stopped (released); the rings of decoders that died are ours to remove
@@ -361,6 +372,7 @@ class Pipeline:
 
     def _spawn(self, spec: DecoderSpec, stop: ProcessFlag) -> multiprocessing.process.BaseProcess:
         letterbox, keys = self._spawn_args
+        self._sessions[spec.camera] += 1  # each ends with one end entry, its own or ours
         process = multiprocessing.get_context("spawn").Process(
             target=run_decoder_process,
             args=(
@@ -493,28 +505,31 @@ class Pipeline:
 
     # --- cameras changed while running (the HTTP API; on the supervisor's thread) -------------
     def add_camera(self, data: dict[str, Any]) -> CameraView:
-        """Validate a camera as a config entry, start its decoder and give it to the worker
-        with the fewest cameras."""
-        decoders = self._decoders
+        """Validate a camera as a config entry, start its decoder and give it to a worker: the
+        one that had it before (its reader may still hold the stream), else the one with the
+        fewest active cameras."""
+        if self.until_done:
+            raise CameraConflict("a --until-done run takes its cameras from the config only")
+        if self._stopping.is_set():
+            raise CameraConflict("the pipeline is stopping")
         try:
             camera = CameraConfig.model_validate(data, context={"base_dir": self.config_dir})
         except ValidationError as exc:
             raise ConfigError(format_validation_errors(exc, CameraConfig), "camera") from None
-        problems = []
-        if camera.id in decoders and self._control.states.state(camera.id) != "removed":
+        decoders = self._decoders
+        previous = decoders.get(camera.id)
+        if previous is not None and self._control.states.state(camera.id) != "removed":
             raise CameraConflict(f"camera id {camera.id!r} is in use")
-        active = sum(1 for d in decoders.values() if not d.removing)
-        if active >= MAX_CAMERAS_PER_DAEMON:
-            raise CameraConflict(f"{active} cameras: the most one daemon runs")
+        active = [d for d in decoders.values() if not d.removing]
+        if len(active) >= MAX_CAMERAS_PER_DAEMON:
+            raise CameraConflict(f"{len(active)} cameras: the most one daemon runs")
         maxlen = self.config.redis.frames_maxlen
         if camera.max_backlog is not None and camera.max_backlog > maxlen:
-            problems.append(f"max_backlog: must be <= redis.frames_maxlen ({maxlen})")
-        if camera.loop and self.until_done:
-            problems.append("loop: a looping file never ends; --until-done needs loop: false")
-        if problems:
-            raise ConfigError(problems, "camera")
-        if self._stopping.is_set():
-            raise CameraConflict("the pipeline is stopping")
+            raise ConfigError([f"max_backlog: must be <= redis.frames_maxlen ({maxlen})"], "camera")
+        if previous is None:  # what an earlier run left in its stream, as at start
+            drain(
+                self._client, self._keys, [camera.id], accounting=self._accounting, acks=self._acks
+            )
         self._prepare_stream(self._client, self._keys, camera.id)
         self.config = self.config.model_copy(
             update={"cameras": [c for c in self.config.cameras if c.id != camera.id] + [camera]}
@@ -522,7 +537,10 @@ class Pipeline:
         self._control.states.add(camera.id, camera.url, camera.priority, camera.is_live)
         self._metrics.add_camera(camera.id)
         decoder = decoders[camera.id] = self._start_decoder(camera)
-        worker = min(self._workers, key=lambda w: sum(d.worker is w for d in decoders.values()))
+        if previous is not None and previous.worker is not None:
+            worker = previous.worker
+        else:
+            worker = min(self._workers, key=lambda w: sum(d.worker is w for d in active))
         decoder.worker = worker
         worker.changes.add(camera.id, self._rules(camera))
         log.info("camera %s added (%s)", camera.id, redact_url(camera.url))
@@ -540,12 +558,14 @@ class Pipeline:
         return self._control.camera(camera_id)
 
     def remove_camera(self, camera_id: str) -> CameraView:
-        """Stop the camera's decoder; it is removed once its end entry is read and every frame
-        it sent is processed or counted (``_finish_removals``)."""
+        """Stop the camera's decoder; it is removed once every decoder session it had has
+        ended and every frame it sent is processed or counted (``_finish_removals``)."""
         decoder = self._active(camera_id)
         decoder.removing = True
-        decoder.restart_at = None
+        if decoder.restart_at is not None:  # dead, its end entry written: not restarted
+            decoder.restart_at, decoder.finished = None, True
         decoder.stop.set()
+        decoder.kill_at = time.monotonic() + DECODER_JOIN_S  # one that hangs is killed then
         self._control.states.set(camera_id, "draining")
         log.info("camera %s: removing (draining its frames)", camera_id)
         return self._control.camera(camera_id)
@@ -562,16 +582,41 @@ class Pipeline:
         return camera_rules(self.config, camera, until_done=self.until_done)
 
     def _finish_removals(self, accounting: Accounting) -> None:
+        now = time.monotonic()
         for camera, decoder in self._decoders.items():
             if not decoder.removing or self._control.states.state(camera) == "removed":
                 continue
-            if decoder.process.is_alive() or not accounting.ended([camera]):
+            if decoder.process.is_alive():
+                if decoder.kill_at is not None and now >= decoder.kill_at:
+                    log.warning("camera %s: decoder did not stop, killed", camera)
+                    decoder.process.kill()  # the supervisor writes its end entry
+                    decoder.kill_at = None
+                continue
+            # every session's end read (not an earlier one's: a restart or a re-added id), and
+            # each frame read before it published or dropped
+            if accounting.end_count(camera) < self._sessions[camera]:
                 continue
             if accounting.outstanding(camera):
-                continue  # read, not yet published: the batch is on its way
+                continue
             decoder.finished = True
             assert decoder.worker is not None
             decoder.worker.changes.forget(camera)
             self._live.forget(camera)
             self._control.states.set(camera, "removed")
             log.info("camera %s removed", camera)
+
+    def _bind_http(self, listen: str) -> socket.socket | None:
+        """The HTTP socket. A port set in the config or with --http that is taken is bad input
+        (exit 2); the default one taken (another daemon on this host) only costs this run its
+        endpoint, with a warning, as running several daemons is how one goes past 64 cameras."""
+        try:
+            return bind(listen)
+        except ValueError:
+            if "listen" in self.config.http.model_fields_set:
+                raise
+            log.warning(
+                "http: %s is taken (another framebatch?): no metrics, API or live view for this "
+                "run; set http.listen (or --http) to serve them elsewhere",
+                listen,
+            )
+            return None

@@ -16,6 +16,7 @@ out by the supervisor's thread (``pipeline.control``).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import secrets
 import socket
@@ -51,6 +52,8 @@ PAGE = Path(__file__).with_name("web") / "index.html"
 CAMERA_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 CAMERA_ID = Annotated[str, PathParam(pattern=CAMERA_ID_PATTERN, max_length=64)]
 SERVER_STOP_S = 5.0
+MAX_BODY_BYTES = 64 * 1024
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 BearerCredentials = Annotated[
     HTTPAuthorizationCredentials | None, Depends(HTTPBearer(auto_error=False))
 ]
@@ -142,11 +145,30 @@ def build_app(
         if not secrets.compare_digest(given.encode(), token.encode()):
             raise HTTPException(401, "a bearer token is required", {"WWW-Authenticate": "Bearer"})
 
-    # without a token the document promises no authentication, and the API asks none
-    guarded = [Depends(authorised)] if token is not None else []
-    denied: dict[int | str, dict[str, Any]] = {401: {"model": Problem}} if guarded else {}
+    def loopback_host(request: Request) -> None:
+        """Without a token the server listens on loopback only; a request naming another host
+        is a web page's (DNS rebinding), not a local client's."""
+        if host_name(request.headers.get("host", "")) not in LOOPBACK_NAMES:
+            raise HTTPException(
+                403, "the Host header must name this machine (127.0.0.1, localhost)"
+            )
+
+    def json_content(request: Request) -> None:
+        """Changes take JSON only: a form or text/plain body is what a cross-site page can send
+        without asking the browser first."""
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type != "application/json":
+            raise HTTPException(415, "send the body as application/json")
+
+    # with a token: the bearer token; without (loopback only): a loopback Host header
+    guarded = [Depends(authorised)] if token is not None else [Depends(loopback_host)]
+    changes = [*guarded, Depends(json_content)]
+    denied: dict[int | str, dict[str, Any]] = (
+        {401: {"model": Problem}} if token is not None else {403: {"model": Problem}}
+    )
     invalid = {**denied, 404: {"model": Problem}, 422: {"model": Problem}}
     errors = {**invalid, 409: {"model": Problem}}
+    unsupported = {415: {"model": Problem}, 413: {"model": Problem}}
 
     def out(view: CameraView) -> CameraOut:
         return CameraOut(**asdict(view))
@@ -170,7 +192,8 @@ def build_app(
 
     @app.get("/healthz", tags=["health"], responses={503: {"model": Problem}})
     def healthz() -> dict[str, str]:
-        """Liveness: the supervisor ticks and no batch worker has died."""
+        """Liveness: the supervisor ticks (it waits out a Redis outage within its
+        reconnect timeout; a dead batch worker ends the run)."""
         if not control.alive():
             raise HTTPException(503, "the supervisor has stopped ticking")
         return {"status": "ok"}
@@ -195,8 +218,8 @@ def build_app(
         "/api/cameras",
         tags=["cameras"],
         status_code=201,
-        dependencies=guarded,
-        responses=errors,
+        dependencies=changes,
+        responses={**errors, **unsupported},
         openapi_extra={
             "requestBody": {
                 "required": True,
@@ -207,8 +230,11 @@ def build_app(
     async def add_camera(request: Request) -> CameraOut:
         """Add a camera without a restart; validated as a config's ``cameras`` entry (relative
         file paths are relative to the config file)."""
+        body = await request.body()
+        if len(body) > MAX_BODY_BYTES:
+            raise HTTPException(413, f"a camera is under {MAX_BODY_BYTES // 1024} KiB of JSON")
         try:
-            data = await request.json()
+            data = json.loads(body)
         except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deep
             raise HTTPException(422, "the body must be a JSON object") from None
         if not isinstance(data, dict):
@@ -225,8 +251,12 @@ def build_app(
     @app.patch(
         "/api/cameras/{camera}",
         tags=["cameras"],
-        dependencies=guarded,
-        responses={**errors, 400: {"model": Problem, "description": "The body is not JSON"}},
+        dependencies=changes,
+        responses={
+            **errors,
+            **unsupported,
+            400: {"model": Problem, "description": "The body is not JSON"},
+        },
     )
     def set_priority(camera: CAMERA_ID, change: PriorityIn) -> CameraOut:
         """Change a camera's priority level; the next batch uses it."""
@@ -284,6 +314,13 @@ def build_app(
     return app
 
 
+def host_name(host: str) -> str:
+    """The name in a Host header, without its port (``[::1]:9108`` -> ``::1``)."""
+    if host.startswith("["):
+        return host[1:].split("]", 1)[0]
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
 def bind(listen: str) -> socket.socket:
     """The listening socket, bound here so a taken port is a start-up error naming the
     setting (exit 2), not a log line from a thread."""
@@ -306,7 +343,14 @@ class HttpServer:
 
     def __init__(self, app: FastAPI, sock: socket.socket):
         self._sock = sock
-        config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            log_config=None,  # its records go to the daemon's own handlers and format
+            lifespan="off",
+            access_log=False,
+            timeout_graceful_shutdown=2,
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [sock]}, name="fb-http", daemon=True

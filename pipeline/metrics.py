@@ -36,7 +36,16 @@ BATCH_SIZE_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256)
 FILL_BUCKETS = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
 UTILIZATION_WINDOW_S = 10.0
 #: the camera states of ``framebatch_camera_state`` (one series each, 1 for the current one)
-CAMERA_STATES = ("starting", "running", "reconnecting", "restarting", "ended", "failed", "removed")
+CAMERA_STATES = (
+    "starting",
+    "running",
+    "reconnecting",
+    "restarting",
+    "ended",
+    "failed",
+    "draining",
+    "removed",
+)
 #: stages of a frame's latency: (stage, from stamp, to stamp)
 STAGES = (
     ("transport", "captured", "enqueued"),  # decode, convert, letterbox, into the stream
@@ -242,11 +251,13 @@ class StateCollector(Collector):
 
 class NvmlGpus:
     """GPU utilisation and memory through NVML (``nvidia-ml-py``), when it is installed and
-    finds the devices; otherwise nothing, said once. Written against pynvml's API; it has never
-    run on a GPU here."""
+    finds the devices; otherwise nothing, said once. The ``cuda:N`` index is taken as NVML's
+    index, which holds when ``CUDA_VISIBLE_DEVICES`` is unset (and ``CUDA_DEVICE_ORDER`` is
+    ``PCI_BUS_ID``). Written against pynvml's API; it has never run on a GPU here."""
 
     def __init__(self, indices: Sequence[int]):
         self._handles: list[tuple[str, object]] = []
+        self._failed: set[str] = set()
         try:
             import pynvml
 
@@ -269,8 +280,14 @@ class NvmlGpus:
             "framebatch_gpu_memory_total_bytes", "GPU memory (NVML)", labels=["gpu"]
         )
         for gpu, handle in self._handles:
-            rates = self._nvml.nvmlDeviceGetUtilizationRates(handle)
-            memory = self._nvml.nvmlDeviceGetMemoryInfo(handle)
+            try:
+                rates = self._nvml.nvmlDeviceGetUtilizationRates(handle)
+                memory = self._nvml.nvmlDeviceGetMemoryInfo(handle)
+            except Exception as exc:  # noqa: BLE001 - a MIG slice, a lost GPU: that GPU only
+                if gpu not in self._failed:
+                    self._failed.add(gpu)
+                    log.warning("no NVML figures for GPU %s: %s", gpu, exc)
+                continue
             utilization.add_metric([gpu], rates.gpu / 100)
             used.add_metric([gpu], memory.used)
             total.add_metric([gpu], memory.total)

@@ -104,7 +104,7 @@ class ProgressBars:
                     if bars._drawn:
                         bars._stream.write(f"\x1b[{bars._drawn}F\x1b[J")
                         bars._drawn = 0
-                    inner.emit(record)
+                    inner.handle(record)  # its filters and its lock
 
         handler = AboveBars(inner.level)
         handler.setFormatter(inner.formatter)

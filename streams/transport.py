@@ -317,6 +317,12 @@ class FrameDecoder:
             self._reported.add(key)
             log.error("%s (frames dropped; logged once)", message)
 
+    def forget(self, camera: str) -> None:
+        """A camera removed from the run: unmap its ring (its frames are all read)."""
+        segment = self._ring_of.pop(camera, None)
+        if segment is not None:
+            self._shm.release(segment)
+
     def close(self) -> None:
         """Unmap every ring; legal in every state."""
         self._shm.close()

@@ -71,15 +71,16 @@ class Publisher:
             by_stream.setdefault(self._keys.frames(q.camera), []).append(q.item.entry_id)
         self._acks.acknowledge_frames(by_stream)
         batched = batch.prepared.batched
-        self._accounting.on_published(
-            [(m.camera, published - m.captured, batched - m.enqueued) for m in messages],
-            published,
-        )
         for q, geometry, result, message in zip(
             frames, geometries, results, detections, strict=True
         ):
             seen = DetectedFrame(q.seq, q.item.image, geometry, result)
             self._telemetry.frame_detected(q.camera, message.timestamps, seen)
+        # counted last: once a camera's frames are all counted, none is still on its way here
+        self._accounting.on_published(
+            [(m.camera, published - m.captured, batched - m.enqueued) for m in messages],
+            published,
+        )
 
     def _detection_message(
         self,

@@ -183,6 +183,7 @@ class FrameReader:
                     self._cameras.remove(camera)
                 self._read_ids.pop(key, None)
                 self._camera_of.pop(key, None)
+                self._frames.forget(camera)  # its shm ring, if any, is unmapped
                 continue
             assert rules is not None
             self._policy.queues.set_rules(camera, rules)

@@ -727,6 +727,7 @@ def test_bad_http_settings_name_the_field(http: dict[str, Any], line: str):
     [
         ("/clips/a\n2026-12-03 ERROR forged", "must not contain control characters"),
         ("/clips/a\x00.mp4", "must not contain control characters"),
+        ("file:///clips/a%0A2026-12-03 ERROR forged", "must not contain control characters"),
         ("rtsp://[::1/stream", "not a valid URL"),
         (f"rtsp://user:{SECRET}@[cam/x", "not a valid URL"),
         ("rtsp:///stream", "no host in"),

@@ -98,3 +98,24 @@ def test_progress_bars_use_the_container_total_then_the_final_count():
     states.set("clip", "ended")  # its decoder's count (5) is the total now
     lines = render(states.views(summaries), {"clip": 10, "cam": None})
     assert "4/5" in lines[0]
+
+
+def test_a_request_that_times_out_is_never_carried_out_later():
+    control = Control(
+        accounting=Accounting([]), states=CameraStates(), redis_client=None, keys=StreamKeys()
+    )
+    assert control.alive()  # before the supervisor's first tick: the model loads
+    applied: list[int] = []
+    with pytest.raises(TimeoutError):
+        control.submit(lambda: applied.append(1), timeout_s=0.05)  # nobody ticks
+    control.tick()
+    assert applied == []  # the client was told it failed: it must not happen behind its back
+
+
+def test_the_host_header_names_a_loopback_client_or_not():
+    from pipeline.http_api import LOOPBACK_NAMES, host_name
+
+    local = ["127.0.0.1:9108", "localhost:9108", "[::1]:9108", "localhost", "[::1]"]
+    assert all(host_name(h) in LOOPBACK_NAMES for h in local)
+    foreign = ["evil.example:9108", "127.0.0.1.evil.example", "", "[::2]:1"]
+    assert not any(host_name(h) in LOOPBACK_NAMES for h in foreign)

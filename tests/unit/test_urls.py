@@ -68,6 +68,13 @@ def test_is_live_url(url: str, live: bool) -> None:
         ("rtsp://u:p@cam:abc/x", "rtsp://u:***@cam:abc/x"),  # malformed port: still redacted
         ("rtsp://u:p@cam:99999/x", "rtsp://u:***@cam:99999/x"),
         ("rtsp://u:a/b#c@cam/x", "rtsp://u:***@cam/x"),  # '/' and '#' inside the password
+        # a password or token in the query (Dahua, Hikvision, HLS tokens)
+        (
+            "rtsp://cam/cam/realmonitor?channel=1&user=admin&password=s3cret&subtype=0",
+            "rtsp://cam/cam/realmonitor?channel=1&user=admin&password=***&subtype=0",
+        ),
+        ("https://cdn/live.m3u8?token=abc123#x", "https://cdn/live.m3u8?token=***#x"),
+        ("rtsp://u:p@cam/x?PWD=p", "rtsp://u:***@cam/x?PWD=***"),
         # unchanged: no password
         ("rtsp://admin@cam/x", "rtsp://admin@cam/x"),
         ("rtsp://cam:554/x", "rtsp://cam:554/x"),
