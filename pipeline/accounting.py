@@ -222,6 +222,11 @@ class Accounting:
             state = self._state(camera)
             return state.received - state.processed - state.shed
 
+    def track(self, camera: str) -> None:
+        """A camera added while running: in the summary from now on, frames or not."""
+        with self._lock:
+            self._state(camera)
+
     def processed_counts(self) -> dict[str, int]:
         with self._lock:
             return {camera: state.processed for camera, state in self._cameras.items()}

@@ -20,6 +20,7 @@ from detectors.detector import Detector
 from detectors.postprocess import Thresholds
 from detectors.preprocess import Letterbox
 from pipeline.batching import BatchPolicy, CameraRules, make_policy
+from pipeline.batching.queues import QUEUE_FRAMES_PER_CAMERA
 from pipeline.config import CameraConfig, Config, ConfigError
 from streams.decode_worker import DecoderSpec
 from streams.transport import TransportSpec
@@ -31,7 +32,8 @@ def queue_frames(config: Config) -> int:
     """Frames the batching queue holds at most: room for a read of one frame per camera on
     top of the batches being formed."""
     batching = config.batching
-    return max(batching.max_queue_frames or 4 * batching.max_batch_size, 2 * len(config.cameras))
+    least = QUEUE_FRAMES_PER_CAMERA * len(config.cameras)
+    return max(batching.max_queue_frames or 4 * batching.max_batch_size, least)
 
 
 FILE_JOB_MAX_WAIT_MS = 1000.0  # how long a file job's frame may wait for a fuller batch

@@ -79,7 +79,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(summary.format())
     if args.summary_json:
         Path(args.summary_json).write_text(json.dumps(summary.to_json(), indent=2))
-    failed = [c for c in summary.cameras if c.failed]
+    # a camera removed through the API was given up by the operator, not failed by its source
+    failed = [c for c in summary.cameras if c.failed and c.camera not in pipeline.removed]
     return EXIT_CAMERA_ERRORS if failed else EXIT_OK
 
 

@@ -94,8 +94,11 @@ class CameraStates:
         stays ``failed``."""
         state = EVENT_STATES.get(event.get("event", ""))
         camera = event.get("camera", "")
-        if state == "ended" and self.state(camera) in ("failed", "draining"):
+        current = self.state(camera)
+        if state == "ended" and current in ("failed", "draining"):
             return  # draining ends as removed, once its frames are all counted
+        if state == "failed" and current in ("restarting", "draining"):
+            return  # the crash the supervisor already acted on (a restart, or a removal)
         if state is not None:
             self.set(camera, state)
 
@@ -132,7 +135,7 @@ class CameraStates:
 def _view(camera: str, entry: _Camera, summary: CameraSummary | None, now: float) -> CameraView:
     recent = [(t, n) for t, n in entry.rates if now - t <= RATE_WINDOW_S]
     fps = 0.0
-    if len(recent) >= 2 and recent[-1][0] > recent[0][0]:
+    if entry.state != "removed" and len(recent) >= 2 and recent[-1][0] > recent[0][0]:
         fps = (recent[-1][1] - recent[0][1]) / (recent[-1][0] - recent[0][0])
     return CameraView(
         id=camera,

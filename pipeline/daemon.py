@@ -132,6 +132,9 @@ class Pipeline:
     # the batchers run: from here on a failure is the run's, not the input's
     started: bool = field(default=False, init=False)
     http_url: str | None = field(default=None, init=False)  # once serving
+    # cameras removed through the API (and not added again): whatever ended them, they do not
+    # decide the run's exit status
+    removed: set[str] = field(default_factory=set, init=False)
 
     @property
     def control(self) -> Control | None:
@@ -536,6 +539,8 @@ class Pipeline:
         )
         self._control.states.add(camera.id, camera.url, camera.priority, camera.is_live)
         self._metrics.add_camera(camera.id)
+        self._accounting.track(camera.id)
+        self.removed.discard(camera.id)
         decoder = decoders[camera.id] = self._start_decoder(camera)
         if previous is not None and previous.worker is not None:
             worker = previous.worker
@@ -575,7 +580,8 @@ class Pipeline:
         if decoder is None:
             raise CameraNotFound(camera_id)
         if decoder.removing:
-            raise CameraConflict(f"camera {camera_id!r} is removed")
+            state = self._control.states.state(camera_id)
+            raise CameraConflict(f"camera {camera_id!r} is {state}: it is being removed or was")
         return decoder
 
     def _rules(self, camera: CameraConfig) -> CameraRules:
@@ -603,6 +609,7 @@ class Pipeline:
             decoder.worker.changes.forget(camera)
             self._live.forget(camera)
             self._control.states.set(camera, "removed")
+            self.removed.add(camera)
             log.info("camera %s removed", camera)
 
     def _bind_http(self, listen: str) -> socket.socket | None:

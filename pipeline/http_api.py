@@ -87,7 +87,7 @@ class CameraOut(BaseModel):
 
 class PriorityIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    priority: int = Field(ge=0, le=9, description="0 is served first and shed last")
+    priority: int = Field(strict=True, ge=0, le=9, description="0 is served first and shed last")
 
 
 class Problem(BaseModel):

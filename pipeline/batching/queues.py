@@ -92,6 +92,10 @@ class _Camera(Generic[T]):
         self.last_captured = captured
 
 
+#: the least room the queue keeps per camera: one frame being read on top of one waiting
+QUEUE_FRAMES_PER_CAMERA = 2
+
+
 class FrameQueues(Generic[T]):
     """The frames waiting for a batch, one queue per camera."""
 
@@ -171,6 +175,12 @@ class FrameQueues(Generic[T]):
         return sum(1 for s in self._cameras.values() for q in s.queue if q.dispatch_by <= now)
 
     # --- changes -------------------------------------------------------------------------------
+    def make_room(self, cameras: int) -> None:
+        """Hold at least ``QUEUE_FRAMES_PER_CAMERA`` frames per camera read: a reader reads at
+        least one frame of each stream at a time, so a queue smaller than that (cameras added
+        while running) would never let it read again."""
+        self.max_waiting = max(self.max_waiting, QUEUE_FRAMES_PER_CAMERA * cameras)
+
     def set_rules(self, camera: str, rules: CameraRules) -> None:
         """A camera added or changed while running: its rules from now on (frames waiting keep
         their window; a new priority level applies to the next batch)."""

@@ -191,6 +191,7 @@ class FrameReader:
                 self._cameras.append(camera)
                 self._read_ids[key] = "0"  # own pending entries first, as at start
                 self._camera_of[key] = camera
+                self._policy.queues.make_room(len(self._read_ids))
 
     def _read(self, *, count: int, block_ms: int | None) -> None:
         """XREADGROUP over every camera; ``block_ms=None`` returns at once."""

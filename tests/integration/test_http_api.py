@@ -172,3 +172,54 @@ def test_the_default_port_taken_by_another_daemon_costs_only_the_endpoint(assets
     assert result.returncode == 0, result.stderr[-3000:]
     assert "http: 127.0.0.1:9108 is taken (another framebatch?)" in result.stderr
     assert "processed 8" in result.stdout
+
+
+def test_more_cameras_added_than_the_batching_queue_held_are_all_read(assets, tmp_path):
+    """The queue was sized from the config's cameras (four frames here); a reader reads at
+    least one frame of each stream at a time, so more streams than that stalled every camera."""
+    port = free_port()
+    config = write_config(
+        tmp_path / "grow.yaml",
+        model=MODEL,
+        cameras=[{"id": "base", "url": str(HIGHWAY), **LOOPING}],
+        redis_url=None,
+        max_batch_size=1,
+        http={"listen": f"127.0.0.1:{port}"},
+    )
+    summary_path = tmp_path / "grow.json"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "run",
+            str(config),
+            "--summary-json",
+            str(summary_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    added = [f"clip{n}" for n in range(5)]
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=15) as client:
+            wait_for(
+                lambda: (r := get(client, "/readyz")) and r.status_code == 200, 90, "ready", 0.3
+            )
+            for camera_id in added:
+                body = {"id": camera_id, "url": str(STREET)}
+                assert client.post("/api/cameras", json=body).status_code == 201
+            wait_for(
+                lambda: all(camera(client, c)["processed"] == 8 for c in added),
+                120,
+                "every added clip's 8 frames",
+                0.5,
+            )
+            before = camera(client, "base")["processed"]
+            wait_for(lambda: camera(client, "base")["processed"] > before, 30, "base", 0.3)
+    finally:
+        code, _, err = stop_daemon(proc)
+    assert code == 0, err[-3000:]
+    cameras = {c["camera"]: c for c in json.loads(summary_path.read_text())["cameras"]}
+    assert set(cameras) == {"base", *added}

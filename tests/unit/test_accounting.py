@@ -525,3 +525,10 @@ def test_a_summary_of_recent_frames_takes_each_cameras_newest_latencies() -> Non
     [recent] = accounting.summary(recent=3).cameras
     assert everything.latency_p99_s == 5.0 and recent.latency_p99_s == 0.3
     assert recent.latency_p50_s == 0.2 and recent.processed == everything.processed == 5
+
+
+def test_a_camera_added_while_running_is_in_the_summary_before_its_first_frame() -> None:
+    accounting = Accounting(["a"])
+    accounting.track("late")
+    late = {c.camera: c for c in accounting.summary().cameras}["late"]
+    assert (late.decoded, late.processed, late.dropped) == (0, 0, {})

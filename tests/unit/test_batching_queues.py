@@ -482,3 +482,11 @@ def test_a_priority_changed_while_running_applies_to_the_next_batch() -> None:
     queues.set_rules("new", CameraRules(priority=1))  # added live: rules before its first frame
     feed(queues, [("new", 0.4)])
     assert items(queues.take(2)) == ["new0", "a0"]
+
+
+def test_cameras_added_while_running_make_room_to_be_read() -> None:
+    queues = make_queues(max_waiting=8)
+    queues.make_room(cameras=3)
+    assert queues.max_waiting == 8  # room enough already
+    queues.make_room(cameras=16)  # 16 streams: a read of one frame each must fit, twice over
+    assert queues.max_waiting == 32
