@@ -67,6 +67,16 @@ def framebatch(
     )
 
 
+def start_daemon(config: Path, *args: str) -> subprocess.Popen[str]:
+    """``framebatch run CONFIG ARGS...`` in the background, its output captured."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "run", str(config), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def stop_daemon(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
     """SIGTERM, as a user's Ctrl-C or a service manager would; killed after 60 s."""
     proc.send_signal(signal.SIGTERM)

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 
 from tests.conftest import MODEL, VIDEOS
-from tests.integration.runner import framebatch, stop_daemon, wait_for, write_config
+from tests.integration.runner import (
+    framebatch,
+    start_daemon,
+    stop_daemon,
+    wait_for,
+    write_config,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -46,12 +50,7 @@ def daemon(assets, tmp_path):
         http={"listen": f"127.0.0.1:{port}"},
     )
     summary = tmp_path / "summary.json"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", "run", str(config), "--summary-json", str(summary)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_daemon(config, "--summary-json", str(summary))
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=15)
     try:
         yield proc, client, summary
@@ -187,20 +186,7 @@ def test_more_cameras_added_than_the_batching_queue_held_are_all_read(assets, tm
         http={"listen": f"127.0.0.1:{port}"},
     )
     summary_path = tmp_path / "grow.json"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pipeline.cli",
-            "run",
-            str(config),
-            "--summary-json",
-            str(summary_path),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_daemon(config, "--summary-json", str(summary_path))
     added = [f"clip{n}" for n in range(5)]
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=15) as client:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import subprocess
-import sys
 import time
 
 import pytest
@@ -21,6 +19,7 @@ from tests.integration.runner import (
     framebatch,
     published,
     run_until_done,
+    start_daemon,
     stop_daemon,
     write_config,
 )
@@ -28,15 +27,6 @@ from tests.integration.runner import (
 pytestmark = pytest.mark.integration
 
 STREET = VIDEOS / "street_night_1920x1080_3fps.mp4"  # 8 frames: the healthy camera beside bad ones
-
-
-def start_daemon(config) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", "run", str(config)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 @pytest.fixture(scope="module")

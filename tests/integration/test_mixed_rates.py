@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -13,7 +11,7 @@ import pytest
 from streams.consumer import DetectionConsumer
 from streams.keys import StreamKeys
 from tests.conftest import MODEL, SAMPLE_CLIPS, VIDEOS
-from tests.integration.runner import write_config
+from tests.integration.runner import start_daemon, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -45,20 +43,7 @@ def test_cameras_at_different_rates_share_batches_in_order(
         batching_extra={"policy": "timeout"},
     )
     summary_path = tmp_path / "summary.json"
-    daemon = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pipeline.cli",
-            "run",
-            str(config),
-            "--summary-json",
-            str(summary_path),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    daemon = start_daemon(config, "--summary-json", str(summary_path))
     try:
         consumer = DetectionConsumer(redis_client, StreamKeys(prefix), from_start=True)
         deadline = time.monotonic() + 90

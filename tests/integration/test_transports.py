@@ -29,6 +29,7 @@ from tests.integration.runner import (
     framebatch,
     published,
     run_until_done,
+    start_daemon,
     wait_for,
     write_config,
 )
@@ -241,20 +242,7 @@ def test_overload_loses_no_frame_in_transport(
         transport={"kind": kind},
     )
     summary_path = tmp_path / "summary.json"
-    daemon = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pipeline.cli",
-            "run",
-            str(config),
-            "--summary-json",
-            str(summary_path),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    daemon = start_daemon(config, "--summary-json", str(summary_path))
     try:
         keys = StreamKeys(prefix)
         wait_for(lambda: redis_client.xlen(keys.detections("cam0")) > 0, 120, "detections")
