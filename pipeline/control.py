@@ -211,7 +211,8 @@ class Control:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
-            command.result.set_exception(CameraConflict("the pipeline is stopping"))
+            if command.result.set_running_or_notify_cancel():  # not given up by its requester
+                command.result.set_exception(CameraConflict("the pipeline is stopping"))
 
     # --- the requesters' side ------------------------------------------------------------
     def submit(self, apply: Callable[[], Any], timeout_s: float = COMMAND_TIMEOUT_S) -> Any:

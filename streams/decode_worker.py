@@ -264,10 +264,13 @@ class DecodeWorker:
             pipe.xadd(
                 self._stream_key,
                 message.to_fields(),
-                maxlen=self.spec.max_backlog,
-                # exact, not "~": an approximate cap trims whole 100-entry nodes, so the
-                # stream could hold ~100 frames more than the backlog bound (120 MB of raw
-                # pixels, or shm references to slots already overwritten)
+                # A camera that sheds is capped here. Exact, not "~": an approximate cap trims
+                # whole 100-entry nodes, so the stream could hold ~100 frames more than the
+                # backlog bound (120 MB of raw pixels, or shm references to slots already
+                # overwritten). A file job is not: it waits for room instead, and an XADD the
+                # client retried after a lost reply (a Redis restart) adds a second copy its room
+                # count does not know of, which a cap would pay for by trimming an unread frame.
+                maxlen=self.spec.max_backlog if self._sheds else None,
                 approximate=False,
             )
             self._record_progress(pipe, frames=self.seq + 1)

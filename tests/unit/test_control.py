@@ -110,6 +110,10 @@ def test_a_request_that_times_out_is_never_carried_out_later():
         control.submit(lambda: applied.append(1), timeout_s=0.05)  # nobody ticks
     control.tick()
     assert applied == []  # the client was told it failed: it must not happen behind its back
+    with pytest.raises(TimeoutError):
+        control.submit(lambda: applied.append(2), timeout_s=0.05)
+    control.stopped()  # a given-up request still queued when the run ends: no error here
+    assert applied == []
 
 
 def test_the_host_header_names_a_loopback_client_or_not():
