@@ -1,16 +1,18 @@
 """The daemon's HTTP endpoint on ``http.listen``: metrics, health, the camera API, the live view.
 
 * ``GET /metrics``: Prometheus text format (``pipeline.metrics``);
-* ``GET /healthz``: 200 while the supervisor ticks and every batch worker runs (liveness);
+* ``GET /healthz``: 200 while the supervisor ticks (liveness; a batch worker that dies ends
+  the run);
   ``GET /readyz``: 200 once the model is loaded and warm and Redis answers (readiness);
 * ``/api/cameras``: list, add (validated as a config's camera), change priority, remove
   (the camera drains: its frames are all processed or counted); OpenAPI at ``/openapi.json``;
 * ``GET /``: the live view (``pipeline/web/index.html``), frames at ``/api/cameras/{id}/frame.jpg``.
 
 With ``http.token`` set, the API and the view need ``Authorization: Bearer <token>`` (the page
-takes it as ``?token=``); ``/metrics`` and the probes stay open, as Prometheus and Kubernetes
-expect. The server (uvicorn) runs on its own thread; every change to the pipeline is carried
-out by the supervisor's thread (``pipeline.control``).
+takes it as ``?token=``); without one (loopback only) they take only loopback ``Host`` headers,
+and changes only as ``application/json``. ``/metrics`` and the probes stay open, as Prometheus
+and Kubernetes expect. The server (uvicorn) runs on its own thread; every change to the
+pipeline is carried out by the supervisor's thread (``pipeline.control``).
 """
 
 from __future__ import annotations
