@@ -116,6 +116,17 @@ class DecoderSpec:
     reconnect_max_s: float = 10.0
 
 
+def video_source(spec: DecoderSpec) -> VideoSource:
+    """The camera's source, not opened yet."""
+    return VideoSource(
+        spec.camera,
+        spec.url,
+        open_timeout_s=spec.open_timeout_s,
+        read_timeout_s=spec.read_timeout_s,
+        decode_threads=spec.decode_threads,
+    )
+
+
 class DecodeWorker:
     """Reads one source and publishes its frames until it ends or ``stop`` is set."""
 
@@ -129,8 +140,10 @@ class DecodeWorker:
         encoder: FrameEncoder | None = None,
         clock: Callable[[], float] = time.time,
         fail_fast_client: redis.Redis | None = None,
+        open_source: Callable[[DecoderSpec], VideoSource] | None = None,
     ):
         """``encoder``: how pixels travel (default raw inline); the caller closes it.
+        ``open_source`` makes each connection's source (default :func:`video_source`).
 
         ``redis_client`` retries through Redis outages (a file job pauses); a camera that
         keeps the freshest frames (no backpressure) sends them with ``fail_fast_client``
@@ -144,6 +157,7 @@ class DecodeWorker:
         self._prepare = prepare
         self._encoder = encoder or RawEncoder()
         self._clock = clock
+        self._open_source = open_source or video_source
         self._events = EventLog(self._frames_redis, keys)  # best effort, never waits long
         self.session = new_session_id()  # with seq, names each frame uniquely across restarts
         self.seq = 0
@@ -161,19 +175,20 @@ class DecodeWorker:
         backoff = spec.reconnect_initial_s
         reason, error = "stopped", ""
         while not stop.is_set():
-            source = VideoSource(
-                spec.camera,
-                spec.url,
-                open_timeout_s=spec.open_timeout_s,
-                read_timeout_s=spec.read_timeout_s,
-                decode_threads=spec.decode_threads,
-            )
+            source = self._open_source(spec)
+            connected = False
             try:
                 with source:
+                    connected = True
                     self._events.emit(spec.camera, "opened", redact_url(spec.url))
                     backoff, error = spec.reconnect_initial_s, ""
                     self._publish_frames(source, stop)
             except SourceError as exc:
+                if spec.live and connected and stop.is_set():
+                    # The stop came while a read waited on a stalled stream (a blocked read only
+                    # returns at its timeout): the camera was connected when it was stopped.
+                    self._events.emit(spec.camera, "stalled", f"while stopping: {exc}")
+                    break
                 error = str(exc)
                 self._events.emit(spec.camera, "error", error)
                 if not spec.live:

@@ -12,6 +12,7 @@ from detectors.preprocess import Letterbox
 from streams.decode_worker import DecoderSpec, DecodeWorker
 from streams.keys import StreamKeys
 from streams.messages import FrameMessage, message_kind
+from streams.sources import SourceError, VideoSource
 from tests.conftest import VIDEOS
 
 CLIP = VIDEOS / "highway_traffic_1920x1080_30fps_20frames.mp4"  # 20 frames
@@ -54,3 +55,52 @@ def test_a_full_backlog_skips_frames_before_they_cost_anything(
     assert preparer.calls == kept  # ...and the others were never converted or letterboxed
     progress = redis_client.hgetall(keys.progress("cam"))
     assert not progress or int(progress[b"frames"]) == 20  # the end entry replaced it
+
+
+class SimulatedStallingSource(VideoSource):
+    """A real clip whose stream stalls after a few frames: the blocked read fails at its
+    timeout.  With ``stop`` given, the run is stopped while the read waits."""
+
+    def __init__(self, spec: DecoderSpec, stop: threading.Event | None):
+        super().__init__(spec.camera, spec.url, decode_threads=1)
+        self._stop_during_wait = stop
+
+    def frames(self):
+        for index, frame in enumerate(super().frames()):
+            if index == 5:
+                break
+            yield frame
+        if self._stop_during_wait is not None:
+            self._stop_during_wait.set()
+        raise SourceError(f"camera {self.camera!r}: read failed: Immediate exit requested")
+
+
+def test_a_stall_is_an_error_but_a_stop_during_it_is_a_stop(assets, redis_client, prefix):
+    """A live camera's stalled read fails at its timeout: an error, and it reconnects.  When the
+    run was stopped while the read waited, the failure is only the stop taking effect: the
+    camera was connected when it was stopped, so it ends ``stopped`` without an error (the
+    run's exit status counts failed cameras).  A CI run once exited 1 on exactly this."""
+    keys = StreamKeys(prefix)
+    spec = DecoderSpec(
+        camera="cam",
+        url=str(CLIP),
+        live=True,
+        realtime=False,
+        loop=False,
+        backpressure=False,
+        max_backlog=64,
+        reconnect_initial_s=0.01,
+    )
+    stop = threading.Event()
+    connections = iter([None, stop])  # the first stall with the run going on, then stopped
+    worker = DecodeWorker(
+        spec=spec,
+        redis_client=redis_client,
+        keys=keys,
+        prepare=Letterbox(640, 640),
+        open_source=lambda spec: SimulatedStallingSource(spec, next(connections)),
+    )
+    end = worker.run(stop)
+    events = [f[b"event"].decode() for _, f in redis_client.xrange(keys.events())]
+    assert events == ["opened", "error", "reconnecting", "opened", "stalled", "ended"]
+    assert (end.reason, end.error, end.frames) == ("stopped", "", 10)
