@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from pipeline.summary import CameraSummary, RunSummary, percentile
 from pipeline.telemetry import NO_TELEMETRY, Telemetry
-from streams.messages import LedgerEntry
+from streams.messages import CameraPosition, LedgerEntry
 
 LATENCY_SAMPLES = 200_000  # bounded memory in a long-running daemon
 
@@ -29,6 +29,7 @@ class _CameraState:
     decode_errors: int = 0  # frames lost in decoding: part of decoded, dropped as decode_error
     decoded: int = 0
     previous_run: int = 0  # frames an earlier run left behind: acknowledged, not this run's
+    handed_over: int = 0  # of decoded: received by the worker that read the camera before
     redis_down_seen: int = 0  # the session's count of frames shed while Redis was away
     sampled_out: int = 0  # decoded, not taken (vid_stride, max_fps): outside decoded
     redis_lost: bool = False  # Redis lost its data: the next gap is that, not overflow
@@ -133,6 +134,54 @@ class Accounting:
             state.received += 1
             self._telemetry.frames_received(camera, 1)
             return entries
+
+    def position(self, camera: str) -> CameraPosition:
+        """How far the camera is accounted for at receipt (kept in Redis for the next worker
+        to read it)."""
+        with self._lock:
+            state = self._state(camera)
+            return CameraPosition(state.session, state.last_seq, state.redis_down_seen, state.ended)
+
+    def adopt(self, camera: str, position: CameraPosition) -> None:
+        """Take over a camera another worker read up to ``position``: its frames up to there
+        were received (or their drops written) by that worker, so the next seq follows on from
+        it.  They count as ``handed_over``, outside this worker's decoded frames, except those
+        the other worker left unfinished, which come back through :meth:`on_claimed`.  A
+        camera this worker read before, and handed over, follows on in the same way from
+        where the other worker left it."""
+        with self._lock:
+            state = self._state(camera)
+            if position.session is None:
+                return  # no worker received a frame of it yet
+            if state.session == position.session and state.last_seq >= position.last_seq:
+                return  # this worker is as far: nobody read it since
+            if state.session is not None and state.session != position.session:
+                # the rest of the session this worker saw went to the other worker
+                state.earlier_sessions += state.last_seq + 1
+                state.last_seq = -1
+            state.session = position.session
+            state.handed_over += position.last_seq - state.last_seq
+            state.last_seq = position.last_seq
+            state.redis_down_seen = position.redis_down_seen
+            state.ended = position.ended
+            state.decoded = state.earlier_sessions + state.last_seq + 1 + state.decode_errors
+
+    def on_claimed(self, camera: str) -> None:
+        """A frame the camera's previous worker received and never finished: this worker's
+        to process now (its seq is accounted for already)."""
+        with self._lock:
+            state = self._state(camera)
+            state.handed_over -= 1
+            state.received += 1
+            self._telemetry.frames_received(camera, 1)
+
+    def hand_over(self, camera: str, count: int) -> None:
+        """``count`` frames received and not finished go to the worker that took the camera
+        over (they stay pending for it to claim)."""
+        with self._lock:
+            state = self._state(camera)
+            state.handed_over += count
+            state.received -= count
 
     def on_end(
         self,
@@ -286,8 +335,9 @@ class Accounting:
             cameras.append(
                 CameraSummary(
                     camera=camera,
-                    decoded=state.decoded,
+                    decoded=state.decoded - state.handed_over,
                     processed=state.processed,
+                    handed_over=state.handed_over,
                     previous_run=state.previous_run,
                     sampled_out=state.sampled_out,
                     dropped=dict(state.dropped),

@@ -57,6 +57,7 @@ class BatchWorker:
         telemetry: Telemetry = NO_TELEMETRY,
         consumer_name: str = "batcher-0",
         since_ms: int = 0,
+        track_positions: bool = False,
         clock: Callable[[], float] = time.time,
     ):
         """``since_ms``: Redis time at which this run began; older entries are an earlier run's.
@@ -75,9 +76,12 @@ class BatchWorker:
         self._telemetry = telemetry
         self._consumer = consumer_name
         self._since_ms = since_ms
+        self._track_positions = track_positions  # camera leases: see FrameReader
         self._clock = clock
         #: cameras added, re-prioritised or let go while running (from any thread)
         self.changes = CameraChanges()
+        #: false while this worker may not read (its camera leases may have run out)
+        self.may_read: Callable[[], bool] = lambda: True
 
     @property
     def instances(self) -> int:
@@ -111,6 +115,8 @@ class BatchWorker:
             consumer_name=self._consumer,
             since_ms=self._since_ms,
             changes=self.changes,
+            track_positions=self._track_positions,
+            may_read=lambda: self.may_read(),
             clock=self._clock,
         )
         inferer = Inferer(

@@ -92,6 +92,12 @@ class RedisConfig(BaseModel):
         le=86_400,
         description="How long every process rides out a Redis outage (retrying with backoff)",
     )
+    lease_ttl_s: Finite = Field(
+        5.0,
+        ge=0.5,
+        le=600,
+        description="framebatch detect: camera lease TTL (dead workers' cameras move in TTL + 1 s)",
+    )
 
     @field_validator("prefix")
     @classmethod

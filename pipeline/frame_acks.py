@@ -13,7 +13,7 @@ from typing import Any
 import redis
 
 from streams.keys import FRAMES_GROUP, StreamKeys
-from streams.messages import LedgerEntry, merge_drops
+from streams.messages import CameraPosition, LedgerEntry, merge_drops
 from streams.redis_connect import is_nogroup
 
 
@@ -45,12 +45,25 @@ class FrameAcks:
         pipe.xack(key, FRAMES_GROUP, *ids)
         pipe.xdel(key, *ids)
 
+    def record_position(self, pipe: Any, camera: str, position: CameraPosition) -> None:
+        """Where the next worker to read the camera takes over (camera leases)."""
+        pipe.hset(self._keys.cursor(camera), mapping=position.to_fields())
+
     def acknowledge(
-        self, key: str, ids: list[bytes], entries: list[LedgerEntry] | None = None
+        self,
+        key: str,
+        ids: list[bytes],
+        entries: list[LedgerEntry] | None = None,
+        *,
+        position: CameraPosition | None = None,
+        camera: str = "",
     ) -> None:
-        """Ledger entries first, then the acknowledgement, in one round trip."""
+        """Ledger entries first (with the camera's ``position`` when given), then the
+        acknowledgement, in one round trip."""
         pipe = self.pipeline()
         self.write_ledger(pipe, entries or [])
+        if position is not None:
+            self.record_position(pipe, camera, position)
         if ids:
             self.ack_and_delete(pipe, key, ids)
         self.execute(pipe)

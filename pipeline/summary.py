@@ -20,7 +20,8 @@ class CameraSummary:
     """One camera's frames: ``decoded`` (frames read from the source, those lost in decoding
     included) = ``processed`` + sum of ``dropped`` by cause + ``in_flight``.  ``previous_run``
     frames were decoded by an earlier run, and ``sampled_out`` frames were decoded but not
-    taken (``vid_stride``, ``max_fps``); both are outside that sum."""
+    taken (``vid_stride``, ``max_fps``); ``handed_over`` frames were received by the
+    detector worker that read the camera before this one (leases); all are outside that sum."""
 
     camera: str
     decoded: int
@@ -31,6 +32,7 @@ class CameraSummary:
     latency_p50_s: float | None
     latency_p99_s: float | None
     previous_run: int = 0
+    handed_over: int = 0
     sampled_out: int = 0
 
     @property
@@ -105,6 +107,7 @@ class RunSummary:
             extra = f", in flight {c.in_flight}" if c.in_flight else ""
             extra += f" (+{c.previous_run} left by an earlier run)" if c.previous_run else ""
             extra += f" (+{c.sampled_out} sampled out)" if c.sampled_out else ""
+            extra += f" (+{c.handed_over} read by another worker first)" if c.handed_over else ""
             lines.append(
                 f"  camera {c.camera}: decoded {c.decoded} = processed {c.processed} + "
                 f"dropped {dropped}{extra}; latency p50 {ms(c.latency_p50_s)} "

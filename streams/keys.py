@@ -42,6 +42,20 @@ class StreamKeys:
         decoder died without its end entry is still known."""
         return f"{self.prefix}:progress:{camera}"
 
+    def workers(self) -> str:
+        """Sorted set of the live detector workers, scored by when their heartbeat runs out
+        (``pipeline.leases``)."""
+        return f"{self.prefix}:workers"
+
+    def lease(self, camera: str) -> str:
+        """The id of the detector worker that reads this camera now (expires with its TTL)."""
+        return f"{self.prefix}:lease:{camera}"
+
+    def cursor(self, camera: str) -> str:
+        """Hash of how far the camera's frames have been accounted for at receipt (session,
+        last seq, redis_down seen, ended): where the next worker to read it takes over."""
+        return f"{self.prefix}:cursor:{camera}"
+
     def events(self) -> str:
         """Stream of status events (camera opened, disconnected, failed, ended)."""
         return f"{self.prefix}:events"

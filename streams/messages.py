@@ -232,6 +232,56 @@ LEDGER_KINDS = ("drop", "end")
 
 
 @dataclass(frozen=True)
+class CameraPosition:
+    """How far one camera's frames are accounted for at receipt by the worker reading it: the
+    decoder session, its last seq received (each earlier one was received or its drop is in the
+    ledger), the session's ``redis_down`` count seen, whether its end entry was read, and the
+    stream id of the last entry received.  The next worker to read the camera starts from here
+    (``StreamKeys.cursor``)."""
+
+    session: str | None = None  # None: no frame of the camera received yet
+    last_seq: int = -1
+    redis_down_seen: int = 0
+    ended: bool = False
+    entry_id: str = "0-0"
+
+    def received(self, entry_id: bytes | str) -> bool:
+        """Whether the entry with this stream id was received already (by whoever kept this
+        position): a frame that was, and never finished, is claimed without a second count."""
+        return _stream_id(entry_id) <= _stream_id(self.entry_id)
+
+    def to_fields(self) -> dict[str, str | int]:
+        return {
+            "v": SCHEMA_VERSION,
+            "session": "" if self.session is None else self.session,
+            "started": int(self.session is not None),
+            "last_seq": self.last_seq,
+            "redis_down_seen": self.redis_down_seen,
+            "ended": int(self.ended),
+            "entry_id": self.entry_id,
+        }
+
+    @classmethod
+    def from_fields(cls, fields: Fields) -> CameraPosition:
+        if not fields:
+            return cls()
+        _check_version(fields)
+        return cls(
+            session=fields[b"session"].decode() if fields.get(b"started") == b"1" else None,
+            last_seq=int(fields[b"last_seq"]),
+            redis_down_seen=int(fields[b"redis_down_seen"]),
+            ended=fields.get(b"ended") == b"1",
+            entry_id=fields.get(b"entry_id", b"0-0").decode(),
+        )
+
+
+def _stream_id(entry_id: bytes | str) -> tuple[int, int]:
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    milliseconds, _, sequence = text.partition("-")
+    return int(milliseconds), int(sequence or 0)
+
+
+@dataclass(frozen=True)
 class LedgerEntry:
     """What became of frames that have no detection message, written before they are
     acknowledged, so that every frame of every session is accounted for in Redis, across

@@ -297,6 +297,19 @@ class FrameQueues(Generic[T]):
             self._minimum.clear()
         return batch
 
+    def discard(self, camera: str) -> list[Queued[T]]:
+        """Let go of a camera now, with the frames it has waiting (another worker took it
+        over: they are that worker's to process); returns them."""
+        state = self._cameras.pop(camera, None)
+        if state is None:
+            return []
+        self._levels[state.rules.priority].pop(camera, None)
+        frames = list(state.queue)
+        self._waiting -= len(frames)
+        self._minimum.clear()
+        self._rate = None
+        return frames
+
     def forget_idle(self, now: float, idle_s: float = 60.0) -> None:
         """Let go of cameras that left (no frames for ``idle_s``, nothing queued)."""
         for camera, state in list(self._cameras.items()):

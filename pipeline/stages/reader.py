@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import redis
 
@@ -27,7 +27,13 @@ from pipeline.stages.batches import PendingFrame, PreparedBatch
 from pipeline.stages.inferer import InferenceMeter
 from pipeline.stages.lifecycle import Handoff, Lifecycle
 from streams.keys import FRAMES_GROUP, StreamKeys
-from streams.messages import EndOfStream, FrameMessage, message_kind
+from streams.messages import (
+    CameraPosition,
+    EndOfStream,
+    FrameMessage,
+    LedgerEntry,
+    message_kind,
+)
 from streams.redis_connect import is_nogroup
 from streams.transport import FrameDecoder, TransportLost
 
@@ -36,29 +42,56 @@ log = logging.getLogger(__name__)
 IDLE_BLOCK_MS = 100
 
 
+@dataclass(frozen=True)
+class CameraChange:
+    kind: str  # add, adopt, rules, pause, drop, forget
+    camera: str
+    rules: CameraRules | None = None
+    position: CameraPosition | None = None  # adopt: where the previous worker left it
+    applied: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
+
+
 class CameraChanges:
     """Cameras added, changed or let go while the reader runs (from the supervisor's thread);
     the reader applies them between reads, as it alone touches the policy."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._changes: list[tuple[str, str, CameraRules | None]] = []
+        self._changes: list[CameraChange] = []
+
+    def _append(self, change: CameraChange) -> CameraChange:
+        with self._lock:
+            self._changes.append(change)
+        return change
 
     def add(self, camera: str, rules: CameraRules) -> None:
         """Read this camera's stream too, batched by ``rules``."""
-        with self._lock:
-            self._changes.append(("add", camera, rules))
+        self._append(CameraChange("add", camera, rules))
+
+    def adopt(self, camera: str, rules: CameraRules, position: CameraPosition) -> None:
+        """Read a camera another worker read up to ``position`` (its unfinished frames are
+        claimed already: pending on this reader's consumer)."""
+        self._append(CameraChange("adopt", camera, rules, position))
 
     def set_rules(self, camera: str, rules: CameraRules) -> None:
-        with self._lock:
-            self._changes.append(("rules", camera, rules))
+        self._append(CameraChange("rules", camera, rules))
+
+    def pause(self, camera: str) -> CameraChange:
+        """Read no more of this camera; what it has waiting is still batched (a hand-over:
+        the next worker reads on from where this one stopped).  ``applied`` is set once the
+        reader has stopped reading it."""
+        return self._append(CameraChange("pause", camera))
+
+    def drop(self, camera: str) -> None:
+        """Another worker holds this camera now: read no more of it and let go of its waiting
+        frames unacknowledged (pending, they are the other worker's to claim)."""
+        self._append(CameraChange("drop", camera))
 
     def forget(self, camera: str) -> None:
         """Stop reading a camera that ended (its end entry is read: nothing follows it)."""
-        with self._lock:
-            self._changes.append(("forget", camera, None))
+        self._append(CameraChange("forget", camera))
 
-    def take(self) -> list[tuple[str, str, CameraRules | None]]:
+    def take(self) -> list[CameraChange]:
         with self._lock:
             changes, self._changes = self._changes, []
         return changes
@@ -83,10 +116,14 @@ class FrameReader:
         consumer_name: str,
         since_ms: int,
         changes: CameraChanges | None = None,
+        track_positions: bool = False,
+        may_read: Callable[[], bool] = lambda: True,
         clock: Callable[[], float] = time.time,
     ):
         """``since_ms``: Redis time at which this run began; older entries are an earlier run's.
-        ``changes``: cameras added or removed while running."""
+        ``changes``: cameras added or removed while running.  ``track_positions``: keep each
+        camera's position in Redis for the worker that may read it next (camera leases).
+        ``may_read``: false while the camera leases may have run out (reads wait)."""
         self._lifecycle = lifecycle
         self._changes = changes or CameraChanges()
         self._redis = redis_client
@@ -103,6 +140,11 @@ class FrameReader:
         self._consumer = consumer_name
         self._since_ms = since_ms
         self._clock = clock
+        self._track_positions = track_positions
+        self._may_read = may_read
+        # adopted cameras: frames up to here were received by their previous worker
+        self._claimed_through: dict[str, CameraPosition] = {}
+        self._last_entry: dict[str, str] = {}  # per stream: the newest entry received
         self._earlier_runs = EarlierRuns(
             redis_client=redis_client, keys=keys, accounting=accounting
         )
@@ -170,28 +212,39 @@ class FrameReader:
                 block_ms = max(1, int(block_s * 1000))
             # COUNT applies per stream: read only what cannot overflow the policy's queues
             per_stream = (policy.queues.max_waiting - policy.waiting) // max(1, len(self._read_ids))
-            if per_stream >= 1 and self._read_ids:
+            if per_stream >= 1 and self._read_ids and self._may_read():
                 self._read(count=per_stream, block_ms=block_ms)
             elif block_ms is not None:
                 stop.wait(block_s)  # full and idle: only a policy that waits on the clock
 
     def _apply_changes(self) -> None:
-        for change, camera, rules in self._changes.take():
-            key = self._keys.frames(camera)
-            if change == "forget":
-                if camera in self._cameras:
-                    self._cameras.remove(camera)
+        for change in self._changes.take():
+            camera, key = change.camera, self._keys.frames(change.camera)
+            if change.kind in ("pause", "drop", "forget"):
                 self._read_ids.pop(key, None)
-                self._camera_of.pop(key, None)
-                self._frames.forget(camera)  # its shm ring, if any, is unmapped
+                self._claimed_through.pop(key, None)
+                if change.kind == "drop":
+                    given_up = self._policy.queues.discard(camera)
+                    self._accounting.hand_over(camera, len(given_up))
+                if change.kind != "pause":
+                    if camera in self._cameras:
+                        self._cameras.remove(camera)
+                    self._camera_of.pop(key, None)
+                    self._frames.forget(camera)  # its shm ring, if any, is unmapped
+                change.applied.set()
                 continue
-            assert rules is not None
-            self._policy.queues.set_rules(camera, rules)
-            if change == "add" and camera not in self._cameras:
-                self._cameras.append(camera)
+            assert change.rules is not None
+            self._policy.queues.set_rules(camera, change.rules)
+            if change.kind in ("add", "adopt") and key not in self._read_ids:
+                if camera not in self._cameras:
+                    self._cameras.append(camera)
                 self._read_ids[key] = "0"  # own pending entries first, as at start
                 self._camera_of[key] = camera
                 self._policy.queues.make_room(len(self._read_ids))
+            if change.kind == "adopt" and change.position is not None:
+                self._accounting.adopt(camera, change.position)
+                self._claimed_through[key] = change.position
+            change.applied.set()
 
     def _read(self, *, count: int, block_ms: int | None) -> None:
         """XREADGROUP over every camera; ``block_ms=None`` returns at once."""
@@ -205,15 +258,36 @@ class FrameReader:
             self._recreate_groups()
             return
         dropped: list[Dropped[PendingFrame]] = []
+        read: list[str] = []
         for key, entries in reply or []:
             key = key.decode()
             if self._read_ids[key] != ">" and not entries:
                 self._read_ids[key] = ">"  # own pending history exhausted
+                self._claimed_through.pop(key, None)
             for entry_id, fields in entries:
                 if self._read_ids[key] != ">":
                     self._read_ids[key] = entry_id
                 dropped += self._receive(key, entry_id, fields)
+            if entries:
+                read.append(self._camera_of[key])
+        if self._track_positions and read:
+            pipe = self._acks.pipeline()
+            for camera in read:
+                self._acks.record_position(pipe, camera, self._position(camera))
+            self._acks.execute(pipe)
         self._drop(dropped)
+
+    def _acknowledge(self, key: str, ids: list[bytes], entries: list[LedgerEntry]) -> None:
+        """Ledger entries the accounting just wrote, and the acknowledgement; with the
+        camera's position in the same transaction when positions are kept (a worker taking
+        the camera over must neither miss nor repeat these entries)."""
+        camera = self._camera_of[key]
+        position = self._position(camera) if self._track_positions else None
+        self._acks.acknowledge(key, ids, entries, position=position, camera=camera)
+
+    def _position(self, camera: str) -> CameraPosition:
+        entry_id = self._last_entry.get(self._keys.frames(camera), "0-0")
+        return replace(self._accounting.position(camera), entry_id=entry_id)
 
     def _recreate_groups(self) -> None:
         """Redis restarted without its data: the streams and the group are gone.  Make the
@@ -236,6 +310,13 @@ class FrameReader:
         self, key: str, entry_id: bytes, fields: dict[bytes, bytes]
     ) -> list[Dropped[PendingFrame]]:
         """Hand one entry to the accounting and the policy; returns what the policy shed."""
+        self._last_entry[key] = entry_id.decode()
+        claimed = self._claimed_through.get(key)
+        if not fields and claimed is not None and claimed.received(entry_id):
+            # claimed from the camera's previous worker, then acknowledged and deleted by it
+            # (it was not dead, only late): its frame, finished by it
+            self._acks.acknowledge(key, [entry_id])
+            return []
         if not fields:  # a pending entry whose frame was trimmed: an earlier run's (ours
             # are in memory), in flight when it died
             self._earlier_runs.trimmed(self._camera_of[key])
@@ -264,21 +345,25 @@ class FrameReader:
                 end.redis_down,
                 end.sampled_out,
             )
-            self._acks.acknowledge(key, [entry_id], entries)
+            self._acknowledge(key, [entry_id], entries)
             return []
         frame = FrameMessage.from_fields(fields)
         if self._earlier_runs.unsettled(frame.camera):
             # this run's first frame: the earlier run's entries (older) are all read
             holes = self._earlier_runs.settle(self._camera_of[key], {frame.session})
             self._acks.acknowledge(key, [], holes)
-        gaps = self._accounting.on_received(
-            frame.camera, frame.seq, frame.session, frame.redis_down
-        )
-        if gaps is None:  # the same frame again: a decoder's XADD retried after a lost reply
-            self._acks.acknowledge(key, [entry_id])
-            return []
-        if gaps:
-            self._acks.acknowledge(key, [], gaps)
+        if claimed is not None and claimed.received(entry_id):
+            # received by the camera's previous worker, never finished: ours now
+            self._accounting.on_claimed(frame.camera)
+        else:
+            gaps = self._accounting.on_received(
+                frame.camera, frame.seq, frame.session, frame.redis_down
+            )
+            if gaps is None:  # the same frame again: an XADD retried after a lost reply
+                self._acks.acknowledge(key, [entry_id])
+                return []
+            if gaps:
+                self._acknowledge(key, [], gaps)
         try:
             # pixels kept outside Redis are copied out now: a frame may wait in the batching
             # queue longer than its writer takes to come round its ring again

@@ -6,6 +6,7 @@ import pytest
 
 from pipeline.accounting import Accounting
 from pipeline.summary import percentile
+from streams.messages import CameraPosition
 
 
 class FakeClock:
@@ -532,3 +533,77 @@ def test_a_camera_added_while_running_is_in_the_summary_before_its_first_frame()
     accounting.track("late")
     late = {c.camera: c for c in accounting.summary().cameras}["late"]
     assert (late.decoded, late.processed, late.dropped) == (0, 0, {})
+
+
+# --- camera leases: a camera taken over from another worker -------------------------------
+
+
+def test_a_taken_over_camera_follows_on_from_the_previous_workers_position():
+    """The previous worker received seq 0-9 of session s (position 9) and left 8 and 9
+    unfinished: they are claimed back, 10 follows on without a gap, 12 after 10 is a gap."""
+    clock = FakeClock()
+    accounting = Accounting(["cam"], clock=clock)
+    accounting.adopt("cam", CameraPosition("s", 9))
+    accounting.on_claimed("cam")
+    accounting.on_claimed("cam")
+    assert accounting.on_received("cam", 10, "s") == []
+    (gap,) = accounting.on_received("cam", 12, "s")
+    assert (gap.first_seq, gap.count, gap.cause) == (11, 1, "overflow")
+    assert accounting.on_received("cam", 12, "s") is None  # a repeat, as before
+    accounting.on_published([("cam", 0.1, 0.0)] * 4, clock())
+    summary = camera_summary(accounting, "cam")
+    # of the 13 frames so far, 8 were the previous worker's: 5 are this one's, all settled
+    assert (summary.decoded, summary.handed_over, summary.processed) == (5, 8, 4)
+    assert summary.dropped == {"overflow": 1} and summary.in_flight == 0
+    assert accounting.position("cam") == CameraPosition("s", 12)
+
+
+def test_a_camera_lost_to_another_worker_hands_its_waiting_frames_over():
+    accounting = Accounting(["cam"])
+    for seq in range(3):
+        accounting.on_received("cam", seq, "s")
+    accounting.on_published([("cam", 0.1, 0.0)], 0.0)
+    accounting.hand_over("cam", 2)  # still in the batching queue: the other worker claims them
+    summary = camera_summary(accounting, "cam")
+    assert (summary.decoded, summary.processed, summary.handed_over) == (1, 1, 2)
+    assert summary.in_flight == 0 and accounting.outstanding("cam") == 0
+
+
+def test_adopting_a_camera_without_a_position_or_behind_this_worker_changes_nothing():
+    accounting = Accounting(["cam"])
+    accounting.adopt("cam", CameraPosition())  # no worker received a frame yet
+    assert accounting.position("cam") == CameraPosition()
+    for seq in range(5):
+        accounting.on_received("cam", seq, "s")
+    accounting.adopt("cam", CameraPosition("s", 2))  # an older position than this worker's
+    assert accounting.position("cam") == CameraPosition("s", 4)
+
+
+def test_a_camera_handed_over_and_taken_back_follows_on_from_the_other_worker():
+    """Read to seq 4 here, handed over; the other worker read to 9 and to another session's
+    seq 2; taken back: the frames in between were the other worker's, and no gap shows."""
+    accounting = Accounting(["cam"])
+    for seq in range(5):
+        accounting.on_received("cam", seq, "s")
+    accounting.on_published([("cam", 0.1, 0.0)] * 5, 0.0)
+    accounting.adopt("cam", CameraPosition("s", 9))
+    assert accounting.on_received("cam", 10, "s") == []
+    accounting.adopt("cam", CameraPosition("t", 2))  # the other worker saw s end, t begin
+    assert accounting.on_received("cam", 3, "t") == []
+    summary = camera_summary(accounting, "cam")
+    assert (summary.decoded, summary.processed, summary.handed_over) == (7, 5, 8)
+    assert summary.dropped == {} and summary.in_flight == 2  # 10 of s and 3 of t
+
+
+def test_a_camera_position_survives_its_trip_through_redis_fields():
+    for position in (CameraPosition(), CameraPosition("", 3), CameraPosition("s", 7, 2, True)):
+        fields = {k.encode(): str(v).encode() for k, v in position.to_fields().items()}
+        assert CameraPosition.from_fields(fields) == position
+    assert CameraPosition.from_fields({}) == CameraPosition()
+
+
+def test_a_position_knows_which_stream_entries_were_received():
+    position = CameraPosition("s", 7, entry_id="1700000000123-4")
+    assert position.received(b"1700000000123-4") and position.received("1700000000122-9")
+    assert not position.received(b"1700000000123-5") and not position.received("1700000000124-0")
+    assert not CameraPosition().received("1-0")

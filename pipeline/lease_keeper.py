@@ -1,0 +1,120 @@
+"""One detector worker's side of the camera leases (``framebatch detect``): turns what each
+lease tick decided into changes of the worker's reader.
+
+* gained: the frames the camera's previous worker read and never finished are claimed
+  (pending on this worker's consumer now), and the camera is adopted from the position that
+  worker kept in Redis, so the next seq follows on without a gap or a repeat;
+* lost (another worker holds it already: this one was cut off past the TTL): read no more,
+  and the frames waiting in the batching queue stay pending for the other worker;
+* handing over (another worker wins it now): read no more, finish what was read, then let
+  the lease go.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import redis
+
+from pipeline.accounting import Accounting
+from pipeline.batching import CameraRules
+from pipeline.earlier_runs import claim_pending
+from pipeline.frame_acks import FrameAcks
+from pipeline.leases import CameraLeases
+from pipeline.stages.reader import CameraChange, CameraChanges
+from streams.keys import StreamKeys
+from streams.messages import CameraPosition, LedgerEntry
+
+log = logging.getLogger(__name__)
+
+
+class LeaseKeeper:
+    def __init__(
+        self,
+        *,
+        leases: CameraLeases,
+        changes: CameraChanges,
+        redis_client: redis.Redis,
+        keys: StreamKeys,
+        accounting: Accounting,
+        acks: FrameAcks,
+        consumer: str,
+        rules: Callable[[str], CameraRules],
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self._leases = leases
+        self._changes = changes
+        self._redis = redis_client
+        self._keys = keys
+        self._accounting = accounting
+        self._acks = acks
+        self._consumer = consumer
+        self._rules = rules
+        self._clock = clock
+        self._next_tick = 0.0
+        self._handing_over: dict[str, CameraChange] = {}
+
+    @property
+    def cameras(self) -> set[str]:
+        """The cameras this worker holds now (handed-over ones until released)."""
+        return self._leases.held | self._leases.handing_over
+
+    def tick(self) -> None:
+        """Call often (the supervisor's tick); renews the leases every ``tick_s``."""
+        if self._clock() < self._next_tick:
+            self._release_finished()
+            return
+        self._next_tick = self._clock() + self._leases.tick_s
+        changes = self._leases.tick()
+        for camera in changes.lost:
+            log.warning("camera %s: its lease went to another worker; stopped reading it", camera)
+            self._handing_over.pop(camera, None)
+            self._changes.drop(camera)
+        for camera in changes.handing_over:
+            self._handing_over[camera] = self._changes.pause(camera)
+        for camera in changes.gained:
+            key = self._keys.frames(camera)
+            claimed, trimmed = claim_pending(self._redis, key, self._consumer)
+            position = CameraPosition.from_fields(self._redis.hgetall(self._keys.cursor(camera)))
+            self._accounting.track(camera)
+            if trimmed:  # read by the previous worker, then trimmed from the stream: lost
+                self._acks.acknowledge(key, [], self._lost(camera, position.session, trimmed))
+            self._changes.adopt(camera, self._rules(camera), position)
+            log.info(
+                "camera %s: taken over at %s (%d unfinished frames claimed)",
+                camera,
+                position,
+                claimed,
+            )
+        if changes:
+            log.info(
+                "workers %s; this one reads %d camera(s)",
+                ", ".join(changes.workers),
+                len(self._leases.held),
+            )
+        self._release_finished()
+
+    def _lost(self, camera: str, session: str | None, count: int) -> list[LedgerEntry]:
+        entries = []
+        for _ in range(count):
+            self._accounting.on_claimed(camera)
+            entries.append(self._accounting.on_shed(camera, "worker_lost", session or ""))
+        return entries
+
+    def _release_finished(self) -> None:
+        for camera, pause in list(self._handing_over.items()):
+            if pause.applied.is_set() and self._accounting.outstanding(camera) == 0:
+                self._changes.forget(camera)
+                self._leases.release(camera)
+                del self._handing_over[camera]
+                log.info("camera %s: handed over", camera)
+
+    def may_read(self) -> bool:
+        """The reader's gate: its leases are surely still its own."""
+        return self._leases.valid()
+
+    def leave(self) -> None:
+        """After the worker stopped and finished its frames: the others take over now."""
+        self._leases.leave()

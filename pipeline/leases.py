@@ -1,0 +1,157 @@
+"""Camera leases: which detector worker reads which camera, across processes and hosts.
+
+Detector workers register in one sorted set, each scored by when its heartbeat runs out (Redis's
+own clock: the hosts' clocks never matter).  A camera's owner is chosen among the live workers
+by rendezvous (highest random weight) hashing, so a worker joining takes only the cameras it
+now wins and a worker leaving frees only its own (about 1/n of them each time), and it is held
+through a lease key with a TTL.  A worker that stops renewing (killed, cut off) loses its
+cameras when the TTL runs out; the next tick of the worker that wins them takes them over.
+
+A camera that another worker now wins is handed over, not dropped: its owner stops reading it,
+finishes the frames it holds, and only then lets the lease go (:meth:`CameraLeases.release`).
+Every command touches one key, so leases work on Redis Cluster.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import redis
+
+from streams.keys import StreamKeys
+
+VALID_SHARE = 0.8  # of the TTL: how long after a renewal was sent the leases are trusted
+
+#: KEYS[1] workers zset; ARGV: ttl ms, worker id.  Drops the workers whose heartbeat ran out,
+#: renews this one's, and returns the live workers.
+_HEARTBEAT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[2])
+return redis.call('ZRANGE', KEYS[1], 0, -1)
+"""
+#: KEYS[1] lease; ARGV: worker id, ttl ms.  Takes a free lease or renews one's own: 1, else 0.
+_HOLD = """
+local owner = redis.call('GET', KEYS[1])
+if not owner then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+if owner == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+#: KEYS[1] lease; ARGV: worker id.  Lets go of one's own lease only.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def rendezvous_owner(camera: str, workers: Iterable[str]) -> str | None:
+    """The worker with the highest weight for this camera (None when there is none)."""
+    return max(workers, key=lambda worker: _weight(worker, camera), default=None)
+
+
+def _weight(worker: str, camera: str) -> tuple[int, str]:
+    digest = hashlib.blake2b(f"{worker}\0{camera}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big"), worker  # the id breaks a (2^-64) tie
+
+
+@dataclass(frozen=True)
+class LeaseChanges:
+    """What one tick decided for this worker."""
+
+    gained: tuple[str, ...] = ()  # now ours: claim their pending frames, then read them
+    lost: tuple[str, ...] = ()  # taken by another worker already: stop at once
+    handing_over: tuple[str, ...] = ()  # another worker wins them: stop reading, finish, release
+    workers: tuple[str, ...] = ()  # the live workers
+
+    def __bool__(self) -> bool:
+        return bool(self.gained or self.lost or self.handing_over)
+
+
+@dataclass
+class CameraLeases:
+    """One detector worker's leases.  ``tick()`` every ``tick_s`` (a third of the TTL or
+    less), from one thread."""
+
+    redis_client: redis.Redis
+    keys: StreamKeys
+    worker_id: str
+    cameras: list[str]
+    ttl_s: float = 5.0
+    held: set[str] = field(default_factory=set)
+    handing_over: set[str] = field(default_factory=set)  # held until release()
+    clock: Callable[[], float] = time.monotonic
+    #: until when (``clock``) the leases held are surely still this worker's: the TTL counted
+    #: from before the last renewal was sent, less a margin for the two clocks' rates
+    valid_until: float = float("-inf")
+
+    def __post_init__(self) -> None:
+        self._heartbeat = self.redis_client.register_script(_HEARTBEAT)
+        self._hold = self.redis_client.register_script(_HOLD)
+        self._release = self.redis_client.register_script(_RELEASE)
+
+    @property
+    def tick_s(self) -> float:
+        """A lost camera moves within the TTL and one tick of the worker that wins it."""
+        return min(self.ttl_s / 3, 1.0)
+
+    @property
+    def _ttl_ms(self) -> int:
+        return int(self.ttl_s * 1000)
+
+    def tick(self) -> LeaseChanges:
+        """Heartbeat, renew what is held, take what this worker wins and is free."""
+        sent = self.clock()
+        workers = tuple(
+            w.decode()
+            for w in self._heartbeat(
+                keys=[self.keys.workers()], args=[self._ttl_ms, self.worker_id]
+            )
+        )
+        gained, lost, handing_over = [], [], []
+        for camera in self.cameras:
+            wins = rendezvous_owner(camera, workers) == self.worker_id
+            if camera in self.held or camera in self.handing_over:
+                if not self._hold_lease(camera):
+                    lost.append(camera)
+                    self.held.discard(camera)
+                    self.handing_over.discard(camera)
+                elif not wins and camera in self.held:
+                    handing_over.append(camera)
+                    self.held.discard(camera)
+                    self.handing_over.add(camera)
+            elif wins and self._hold_lease(camera):
+                gained.append(camera)
+                self.held.add(camera)
+        self.valid_until = sent + self.ttl_s * VALID_SHARE
+        return LeaseChanges(tuple(gained), tuple(lost), tuple(handing_over), workers)
+
+    def valid(self) -> bool:
+        """Whether this worker may read its cameras now (not while a renewal is overdue: a
+        worker cut off from Redis must not read on once its leases may have run out)."""
+        return self.clock() < self.valid_until
+
+    def _hold_lease(self, camera: str) -> bool:
+        return bool(self._hold(keys=[self.keys.lease(camera)], args=[self.worker_id, self._ttl_ms]))
+
+    def release(self, camera: str) -> None:
+        """A handed-over camera's frames are all finished: its next owner may take it."""
+        self.handing_over.discard(camera)
+        self.held.discard(camera)
+        self._release(keys=[self.keys.lease(camera)], args=[self.worker_id])
+
+    def leave(self) -> None:
+        """Stopping: out of the workers, every lease let go (the others take over at their
+        next tick, not after the TTL)."""
+        self.redis_client.zrem(self.keys.workers(), self.worker_id)
+        for camera in sorted(self.held | self.handing_over):
+            self.release(camera)

@@ -1,0 +1,109 @@
+"""Camera leases on a real redis-server: one owner per camera, a dead worker's cameras move
+within the TTL and a tick, a joining worker gets its share handed over, a leaving one frees
+its cameras at once."""
+
+from __future__ import annotations
+
+import time
+
+from pipeline.leases import CameraLeases, rendezvous_owner
+from streams.keys import StreamKeys
+
+CAMERAS = [f"cam{i}" for i in range(24)]
+TTL_S = 1.0
+
+
+def workers(redis_client, prefix, *names):
+    return [
+        CameraLeases(redis_client, StreamKeys(prefix), name, CAMERAS, ttl_s=TTL_S) for name in names
+    ]
+
+
+def settle(leases: list[CameraLeases], rounds: int = 3) -> None:
+    """A few ticks of each, handing over what each is asked to (nothing to finish here)."""
+    for _ in range(rounds):
+        for worker in leases:
+            for camera in worker.tick().handing_over:
+                worker.release(camera)
+
+
+def owners_in_redis(redis_client, prefix) -> dict[str, str]:
+    keys = StreamKeys(prefix)
+    return {c: (redis_client.get(keys.lease(c)) or b"").decode() for c in CAMERAS}
+
+
+def test_each_camera_has_one_owner_the_one_rendezvous_hashing_picks(redis_client, prefix):
+    leases = workers(redis_client, prefix, "a", "b", "c")
+    settle(leases)
+    held = [c for worker in leases for c in worker.held]
+    assert sorted(held) == sorted(CAMERAS)  # each exactly once
+    expected = {c: rendezvous_owner(c, ["a", "b", "c"]) for c in CAMERAS}
+    assert owners_in_redis(redis_client, prefix) == expected
+    for worker in leases:
+        assert worker.held == {c for c, w in expected.items() if w == worker.worker_id}
+
+
+def test_a_dead_workers_cameras_move_within_the_ttl_and_a_tick(redis_client, prefix):
+    a, b = workers(redis_client, prefix, "a", "b")
+    settle([a, b])
+    orphans = set(a.held)
+    assert orphans and b.held.isdisjoint(orphans)
+    died = time.monotonic()  # a stops ticking: killed
+    taken: set[str] = set()
+    while taken != orphans and time.monotonic() - died < 5:
+        taken |= set(b.tick().gained)
+        time.sleep(b.tick_s)
+    moved_after = time.monotonic() - died
+    assert taken == orphans
+    assert TTL_S * 0.8 < moved_after <= TTL_S + b.tick_s + 0.5  # not before the lease ran out
+    assert b.held == set(CAMERAS)
+    # the dead worker, back (a link that came up again), has lost them and stops at once
+    changes = a.tick()
+    assert set(changes.lost) == orphans and not a.held
+
+
+def test_a_joining_worker_gets_its_share_only_once_the_owner_hands_over(redis_client, prefix):
+    (a,) = workers(redis_client, prefix, "a")
+    settle([a])
+    assert a.held == set(CAMERAS)
+    (b,) = workers(redis_client, prefix, "b")
+    share = {c for c in CAMERAS if rendezvous_owner(c, ["a", "b"]) == "b"}
+    assert share and not b.tick().gained  # registered; the cameras are still a's
+    changes = a.tick()
+    assert set(changes.handing_over) == share and a.handing_over == share
+    assert not b.tick().gained  # a is still finishing their frames: the leases hold
+    for camera in share:
+        a.release(camera)
+    assert set(b.tick().gained) == share
+    assert a.held == set(CAMERAS) - share and not a.handing_over
+
+
+def test_a_leaving_worker_frees_its_cameras_at_once(redis_client, prefix):
+    a, b = workers(redis_client, prefix, "a", "b")
+    settle([a, b])
+    theirs = set(a.held)
+    a.leave()
+    assert set(b.tick().gained) == theirs  # no TTL to wait out
+    assert redis_client.zrange(StreamKeys(prefix).workers(), 0, -1) == [b"b"]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_worker_reads_only_while_its_last_renewal_is_surely_in_force(redis_client, prefix):
+    clock = FakeClock()
+    worker = CameraLeases(redis_client, StreamKeys(prefix), "a", CAMERAS, ttl_s=TTL_S, clock=clock)
+    assert not worker.valid()  # nothing renewed yet
+    worker.tick()
+    assert worker.valid()
+    clock.now += TTL_S * 0.75
+    assert worker.valid()
+    clock.now += TTL_S * 0.1  # past 80 % of the TTL since the renewal was sent: overdue
+    assert not worker.valid()
+    worker.tick()
+    assert worker.valid()
