@@ -22,11 +22,12 @@ from pipeline.errors import (
 log = logging.getLogger("framebatch")
 
 
-def _install_stop_handlers(stop) -> None:
-    """First SIGINT/SIGTERM: stop gracefully. Second: exit now."""
+def _install_stop_handlers(stop, on_exit_now=lambda: None) -> None:
+    """First SIGINT/SIGTERM: stop gracefully. Second: ``on_exit_now()``, then exit now."""
 
     def handle(signum: int, _frame: object) -> None:
         if stop.is_set():
+            on_exit_now()
             os._exit(128 + signum)
         log.warning(
             "%s received: finishing the batch in flight (again to exit now)",
@@ -61,23 +62,33 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     try:
         config = load_config(args.config)
-        if args.http is not None:
-            config = with_http_listen(config, None if args.http == "off" else args.http)
+        http = getattr(args, "http", None)
+        if http is not None:
+            config = with_http_listen(config, None if http == "off" else http)
+        role = getattr(args, "role", "all")
+        device = getattr(args, "device", None)
+        if device is not None:
+            config = with_worker_device(config, device)
         pipeline = Pipeline(
             config,
-            until_done=args.until_done,
+            until_done=getattr(args, "until_done", False),
             on_event=_print_event,
             config_dir=Path(args.config).absolute().parent,
+            role=role,
+            device=device,
+            worker_id=getattr(args, "worker_id", None),
         )
-        _install_stop_handlers(pipeline.stop)
-        if args.until_done and sys.stderr.isatty():
+        _install_stop_handlers(pipeline.stop, pipeline.abandon)
+        if pipeline.until_done and sys.stderr.isatty():
             summary = _run_with_progress(pipeline)
         else:
             summary = pipeline.run()
     except FramebatchError as exc:
         return _report(exc)
+    if role == "decode":  # the frames' fate is the detector workers' summary
+        return EXIT_OK
     print(summary.format())
-    if args.summary_json:
+    if getattr(args, "summary_json", None):
         Path(args.summary_json).write_text(json.dumps(summary.to_json(), indent=2))
     # a camera removed through the API was given up by the operator, not failed by its source
     failed = [c for c in summary.cameras if c.failed and c.camera not in pipeline.removed]
@@ -104,6 +115,21 @@ def _run_with_progress(pipeline):
     finally:
         bars.close()
         root.handlers = handlers
+
+
+def with_worker_device(config, device: str):
+    """The config with ``--device`` as the model's device (validated as the config is)."""
+    from pydantic import ValidationError
+
+    from pipeline.config import ConfigError, ModelConfig, format_validation_errors
+
+    try:
+        model = ModelConfig.model_validate(
+            {**config.model.model_dump(), "device": device, "devices": None}
+        )
+    except ValidationError as exc:
+        raise ConfigError(format_validation_errors(exc, ModelConfig), "--device") from None
+    return config.model_copy(update={"model": model})
 
 
 def with_http_listen(config, listen: str | None):
@@ -323,6 +349,31 @@ def build_parser() -> argparse.ArgumentParser:
         "(default 127.0.0.1:9108; port 0: any free one; off: none)",
     )
     run.set_defaults(handler=cmd_run)
+
+    decode = commands.add_parser(
+        "decode", help="run only the config's decoders (detector workers run elsewhere)"
+    )
+    decode.add_argument("config", help="YAML config file (its redis.url is the shared Redis)")
+    decode.set_defaults(handler=cmd_run, role="decode")
+
+    detect = commands.add_parser(
+        "detect",
+        help="run one detector worker; workers share the config's cameras through leases",
+    )
+    detect.add_argument("config", help="YAML config file (its redis.url is the shared Redis)")
+    detect.add_argument("--device", help="cpu, cuda or cuda:N (default: model.device)")
+    detect.add_argument(
+        "--worker-id",
+        help="this worker's name in the leases and the consumer group, unique among the "
+        "workers (e.g. the pod name; default: host-pid-random)",
+    )
+    detect.add_argument("--summary-json", metavar="PATH", help="also write the summary as JSON")
+    detect.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="serve metrics, health and live view here instead of http.listen (off: none)",
+    )
+    detect.set_defaults(handler=cmd_run, role="detect")
 
     consume = commands.add_parser("consume", help="print detections as JSON lines")
     consume.add_argument(

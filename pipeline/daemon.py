@@ -13,6 +13,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, closing, contextmanager
@@ -49,6 +50,8 @@ from pipeline.earlier_runs import drain
 from pipeline.errors import BadInput, FramebatchError, RedisUnavailable, RunFailed, StageFailed
 from pipeline.frame_acks import FrameAcks
 from pipeline.http_api import HttpServer, bind, build_app
+from pipeline.lease_keeper import LeaseKeeper
+from pipeline.leases import CameraLeases
 from pipeline.live_view import LiveFrames
 from pipeline.metrics import PrometheusTelemetry, StateCollector
 from pipeline.stages.lifecycle import is_redis_outage
@@ -129,6 +132,11 @@ class Pipeline:
     # folder, as for the config's own cameras)
     config_dir: Path = field(default_factory=Path.cwd)
     serve_http: bool = True  # the HTTP endpoint of http.listen (benchmarks leave it off)
+    # "all": decoders and detector workers (framebatch run); "decode": decoders only;
+    # "detect": one detector worker, its cameras taken through leases (pipeline.leases)
+    role: str = "all"
+    device: str | None = None  # detect: the worker's device (default: the config's first)
+    worker_id: str | None = None  # detect: unique among the workers (default: host-pid-random)
     # the batchers run: from here on a failure is the run's, not the input's
     started: bool = field(default=False, init=False)
     http_url: str | None = field(default=None, init=False)  # once serving
@@ -181,7 +189,7 @@ class Pipeline:
     def _run(self) -> RunSummary:
         check_run_mode(self.config, until_done=self.until_done)
         with ExitStack() as stack:
-            listen = self.config.http.listen if self.serve_http else None
+            listen = self.config.http.listen if self.serve_http and self.role != "decode" else None
             http_socket = self._bind_http(listen) if listen else None
             if http_socket is not None:
                 stack.callback(http_socket.close)
@@ -235,11 +243,14 @@ class Pipeline:
             acks = FrameAcks(
                 redis_client=client, keys=keys, ledger_maxlen=self.config.redis.detections_maxlen
             )
-            drain(client, keys, camera_ids, accounting=accounting, acks=acks)
+            if self.role == "all":  # split roles: leftovers are any detector worker's to read
+                drain(client, keys, camera_ids, accounting=accounting, acks=acks)
             self._accounting, self._acks = accounting, acks  # cameras added live are drained too
             events_seen = EventLog(client, keys).last_id()  # report every event of this run
             seconds, micros = client.time()
             since_ms = seconds * 1000 + micros // 1000  # stream entries older than this run
+            if self.role == "detect":
+                since_ms = 0  # workers come and go: every entry is for whoever reads it
             # Decoders start first: their start-up overlaps the model load and warm-up.
             self._stopping = threading.Event()  # no decoder restarts from here on
             letterbox = frame_letterbox(self.config)  # square, or rect where the model allows
@@ -251,7 +262,7 @@ class Pipeline:
             self._transport, self._host = transport_spec(self.config), host_id()
             self._released = ProcessFlag()
             remove_segments(keys.prefix, host=self._host)  # left by processes that died
-            decoders = self._decoders = self._start_decoders()
+            decoders = self._decoders = self._start_decoders() if self.role != "detect" else {}
             stack.callback(self._remove_rings, keys, decoders)
             stack.callback(self._stop_decoders, decoders)
             stack.callback(self._released.set)  # runs first, once the batchers have stopped
@@ -263,12 +274,17 @@ class Pipeline:
                 self.http_url = server.url
             devices = self.config.model.worker_devices
             shards = shard_cameras(camera_ids, len(devices))
+            if self.role == "decode":
+                devices, shards = [], []
+            elif self.role == "detect":  # no cameras yet: the leases deal them
+                devices, shards = [self.device or devices[0]], [[]]
+            self._keeper: LeaseKeeper | None = None
             batchers: list[threading.Thread] = []
             self._workers: list[BatchWorker] = []
             batcher_stop = threading.Event()
             batcher_error: list[BaseException] = []
             for index, (device, cameras) in enumerate(zip(devices, shards, strict=True)):
-                if not cameras:  # more devices than cameras
+                if not cameras and self.role == "all":  # more devices than cameras
                     continue
                 detector = self.detector_factory(self.config, device)
                 stack.callback(detector.close)
@@ -276,6 +292,9 @@ class Pipeline:
                     client, keys, detector, accounting, sink, telemetry, cameras, index, since_ms
                 )
                 self._workers.append(worker)
+                if self.role == "detect":
+                    self._keeper = self._lease_keeper(client, keys, worker, accounting, acks)
+                    worker.may_read = self._keeper.may_read
                 for camera in cameras:
                     decoders[camera].worker = worker
                 self._label = detector.info.label
@@ -302,9 +321,19 @@ class Pipeline:
                 batcher_stop.set()
                 for batcher in batchers:
                     batcher.join()
+                if self._keeper is not None and not batcher_error:
+                    self._keeper.leave()  # every frame read is finished: the others take over
             if batcher_error:
                 raise batcher_error[0]
             return accounting.summary()
+
+    def abandon(self) -> None:
+        """Exiting at once (a second signal): the shm rings of decoders that died before the
+        supervisor's next tick would find them go now (a live decoder unlinks its own ring
+        when it sees its daemon gone)."""
+        host = getattr(self, "_host", None)
+        if host is not None:
+            remove_segments(self.config.redis.prefix, host=host)
 
     # --- building -----------------------------------------------------------------------------
     def _batch_worker(
@@ -336,9 +365,44 @@ class Pipeline:
             ledger_maxlen=self.config.redis.detections_maxlen,
             until_done=self.until_done,
             telemetry=telemetry,
-            consumer_name=f"batcher-{index}",
+            consumer_name=self._worker_id if self.role == "detect" else f"batcher-{index}",
             since_ms=since_ms,
+            track_positions=self.role == "detect",
             frame_decoder=FrameDecoder(host=self._host),
+        )
+
+    @property
+    def _worker_id(self) -> str:
+        """A detector worker's name in the consumer group and the leases: unique per process."""
+        if self.worker_id is None:
+            self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        return self.worker_id
+
+    def _lease_keeper(
+        self,
+        client: redis.Redis,
+        keys: StreamKeys,
+        worker: BatchWorker,
+        accounting: Accounting,
+        acks: FrameAcks,
+    ) -> LeaseKeeper:
+        leases = CameraLeases(
+            client,
+            keys,
+            self._worker_id,
+            [camera.id for camera in self.config.cameras],
+            ttl_s=self.config.redis.lease_ttl_s,
+        )
+        rules = {camera.id: self._rules(camera) for camera in self.config.cameras}
+        return LeaseKeeper(
+            leases=leases,
+            changes=worker.changes,
+            redis_client=client,
+            keys=keys,
+            accounting=accounting,
+            acks=acks,
+            consumer=self._worker_id,
+            rules=rules.__getitem__,
         )
 
     def _prepare_streams(self, client: redis.Redis, keys: StreamKeys) -> None:
@@ -385,7 +449,9 @@ class Pipeline:
                 letterbox,
                 stop,
                 self._transport,
-                self._released,
+                # split roles: no batcher here to wait for; a decoder keeps its shm ring until
+                # its stream is read (or nobody read it for a while)
+                self._released if self.role == "all" else None,
                 os.getpid(),  # the decoder dies with this process, however it ends
                 self._reconnect_timeout_s,
                 letterbox.max_bytes,
@@ -422,11 +488,15 @@ class Pipeline:
         cameras: a worker done with its own cameras must not stop the others."""
         events = EventLog(client, keys)
         decoders = self._decoders
-        while (
-            any(b.is_alive() for b in batchers)
-            and not errors
-            and not self.stop.wait(SUPERVISE_TICK_S)
-        ):
+
+        def running() -> bool:
+            if self.role == "decode":  # until stopped, or every decoder (files) finished
+                return not all(d.finished for d in decoders.values())
+            return any(b.is_alive() for b in batchers)
+
+        while running() and not errors and not self.stop.wait(SUPERVISE_TICK_S):
+            if self._keeper is not None:
+                self._keeper.tick()
             self._control.tick()  # API requests, on this thread
             self._control.states.sample(accounting.processed_counts())
             last_event = self._report_events(events, last_event)
@@ -513,6 +583,8 @@ class Pipeline:
         fewest active cameras."""
         if self.until_done:
             raise CameraConflict("a --until-done run takes its cameras from the config only")
+        if self.role != "all":
+            raise CameraConflict("framebatch detect takes its cameras from the config only")
         if self._stopping.is_set():
             raise CameraConflict("the pipeline is stopping")
         try:

@@ -67,10 +67,10 @@ def framebatch(
     )
 
 
-def start_daemon(config: Path, *args: str) -> subprocess.Popen[str]:
-    """``framebatch run CONFIG ARGS...`` in the background, its output captured."""
+def start_daemon(config: Path, *args: str, command: str = "run") -> subprocess.Popen[str]:
+    """``framebatch COMMAND CONFIG ARGS...`` in the background, its output captured."""
     return subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", "run", str(config), *args],
+        [sys.executable, "-m", "pipeline.cli", command, str(config), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -1,0 +1,139 @@
+"""The split roles on several hosts (network namespaces: each host its own network stack, one
+cable to a switch): Redis on one, ``framebatch decode`` on another, a ``framebatch detect``
+worker on each of two more.  One worker is SIGKILLed mid-run: its cameras resume on the other
+within the lease bound, and every frame is detected once it is all over, none dropped, each
+camera's order kept.  The decoders' host loses its cable for 5 s: its decoders wait it out
+and carry on, nothing lost.
+
+The test process watches Redis through a unix socket (the same files, another network)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import redis
+
+from pipeline.tools.audit import audit
+from streams.keys import StreamKeys
+from tests.conftest import MODEL
+from tests.integration.netns import Hosts, netns_available
+from tests.integration.runner import wait_for, write_config
+from tests.integration.test_camera_leases import (
+    CAMERAS,
+    CLIP,
+    LEASE_TTL_S,
+    SHARES,
+    WORKERS,
+    assert_every_frame_detected_in_order,
+    complete,
+    kill_and_time_the_take_over,
+    lease_owners,
+)
+
+pytestmark = pytest.mark.integration
+
+PASSWORD = "netns-test-password"
+PREFIX = "hosts"
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    available, why = netns_available()
+    if not available:
+        pytest.skip(why)
+    with Hosts(["redis", "decoders", *WORKERS]) as built:
+        yield built
+
+
+def start(hosts: Hosts, host: str, *argv: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        hosts.command(host, [sys.executable, "-m", "pipeline.cli", *argv]),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def stop(process: subprocess.Popen[str] | None) -> tuple[int | None, str]:
+    if process is None:
+        return None, ""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        _out, err = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        _out, err = process.communicate()
+    return process.returncode, err
+
+
+def test_a_worker_killed_and_a_cable_pulled_on_other_hosts_lose_nothing(assets, hosts, tmp_path):
+    socket_path = tmp_path / "redis.sock"
+    server = subprocess.Popen(
+        hosts.command(
+            "redis",
+            [
+                *("redis-server", "--bind", hosts.addresses["redis"], "--port", "6379"),
+                *("--requirepass", PASSWORD, "--save", "", "--appendonly", "no"),
+                *("--unixsocket", str(socket_path), "--unixsocketperm", "700"),
+            ],
+        ),
+        stdout=subprocess.DEVNULL,
+    )
+    url = f"redis://:{PASSWORD}@{hosts.addresses['redis']}:6379/0"
+    keys = StreamKeys(PREFIX)
+    processes: dict[str, subprocess.Popen[str] | None] = {}
+    try:
+        wait_for(socket_path.exists, 10, "redis-server listening")
+        client = redis.Redis(unix_socket_path=str(socket_path), password=PASSWORD)
+        config = write_config(
+            tmp_path / "hosts.yaml",
+            model=MODEL,
+            cameras=[{"id": camera, "url": str(CLIP), "realtime": False} for camera in CAMERAS],
+            redis_url=url,
+            redis={"url": url, "prefix": PREFIX, "lease_ttl_s": LEASE_TTL_S, "frames_maxlen": 4},
+            transport={"kind": "raw"},  # other hosts: no shared memory between them
+            max_batch_size=4,
+        )
+        for worker in WORKERS:
+            processes[worker] = start(
+                hosts, worker, "detect", str(config), "--http", "off", "--worker-id", worker
+            )
+        wait_for(lambda: client.zcard(keys.workers()) == 2, 90, "two workers registered")
+        wait_for(lambda: lease_owners(client, keys) == SHARES, 30, "the cameras shared")
+        processes["decoders"] = start(hosts, "decoders", "decode", str(config))
+        victim, survivor = WORKERS
+        moved_after = kill_and_time_the_take_over(client, keys, processes[victim], victim)
+        assert processes["decoders"].poll() is None  # still decoding: the cut matters
+        hosts.link("decoders", up=False)  # the decoders' host is cut off for 5 s
+        time.sleep(5.0)
+        hosts.link("decoders", up=True)
+        code, err = stop_when_done(processes["decoders"], 180)
+        assert code == 0, err
+        reports = wait_for(complete(client, keys), 120, "every frame detected or dropped", 0.5)
+        code, err = stop(processes[survivor])
+        assert code == 0, err
+        assert moved_after <= LEASE_TTL_S + 1.0, moved_after
+        assert_every_frame_detected_in_order(client, keys, reports)
+        assert all(r.ok for r in audit(client, keys, CAMERAS))
+    finally:
+        for process in processes.values():
+            stop(process)
+        server.terminate()
+        server.wait(10)
+
+
+def stop_when_done(process: subprocess.Popen[str] | None, timeout_s: float) -> tuple[int, str]:
+    """A decode process exits by itself once its files are decoded."""
+    assert process is not None
+    try:
+        _out, err = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        _out, err = process.communicate()
+        return -1, f"still running after {timeout_s:.0f} s\n{err}"
+    return process.returncode, err
