@@ -253,8 +253,8 @@ class Pipeline:
                 since_ms = 0  # workers come and go: every entry is for whoever reads it
             # Decoders start first: their start-up overlaps the model load and warm-up.
             self._stopping = threading.Event()  # no decoder restarts from here on
-            letterbox = frame_letterbox(self.config)  # square, or rect where the model allows
-            self._spawn_args = (letterbox, keys)
+            if self.role != "detect":  # the decoders letterbox: square, or rect if the model allows
+                self._spawn_args = (frame_letterbox(self.config), keys)
             self._sessions: Counter[str] = Counter()  # decoder processes started per camera
             self._client, self._keys = client, keys
             # shm rings: a decoder's ring outlives it until its frames are read or the batchers
