@@ -11,7 +11,8 @@ packages=(redis-server ffmpeg python3-venv)
 if [[ "${1:-}" == "--tests" ]]; then
   packages+=(gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-base gstreamer1.0-plugins-good
              gstreamer1.0-plugins-bad gstreamer1.0-plugins-ugly gstreamer1.0-libav python3-gi
-             prometheus chromium)  # promtool and a real Prometheus; the live view in a browser
+             prometheus chromium  # promtool and a real Prometheus; the live view in a browser
+             iproute2)  # ip netns: hosts for the several-hosts tests
   # the tests cover the torch backends and `framebatch export`, so they take both extras
   extras="[test,ultralytics]"
 elif [[ "${1:-}" == "--export" ]]; then

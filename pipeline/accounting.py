@@ -166,6 +166,15 @@ class Accounting:
             state.ended = position.ended
             state.decoded = state.earlier_sessions + state.last_seq + 1 + state.decode_errors
 
+    def would_gap(self, camera: str, session: str, next_seq: int) -> bool:
+        """Whether a frame ``next_seq`` of ``session`` (or the session's end with that many
+        frames) would show frames missing before it."""
+        with self._lock:
+            state = self._state(camera)
+            if session != state.session:
+                return next_seq > 0
+            return next_seq > state.last_seq + 1
+
     def on_claimed(self, camera: str) -> None:
         """A frame the camera's previous worker received and never finished: this worker's
         to process now (its seq is accounted for already)."""

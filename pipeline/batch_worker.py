@@ -70,7 +70,13 @@ class BatchWorker:
         self._policy = policy
         self._accounting = accounting
         self._sink = sink
-        self._acks = FrameAcks(redis_client=redis_client, keys=keys, ledger_maxlen=ledger_maxlen)
+        self._acks = FrameAcks(
+            redis_client=redis_client,
+            keys=keys,
+            ledger_maxlen=ledger_maxlen,
+            # a detector worker's consumer name is its worker id, which holds its leases
+            lease_holder=consumer_name if track_positions else None,
+        )
         self._until_done = until_done
         self._frames = frame_decoder or FrameDecoder()
         self._telemetry = telemetry

@@ -51,7 +51,7 @@ from pipeline.errors import BadInput, FramebatchError, RedisUnavailable, RunFail
 from pipeline.frame_acks import FrameAcks
 from pipeline.http_api import HttpServer, bind, build_app
 from pipeline.lease_keeper import LeaseKeeper
-from pipeline.leases import CameraLeases
+from pipeline.leases import CameraLeases, lease_probes, worker_alive
 from pipeline.live_view import LiveFrames
 from pipeline.metrics import PrometheusTelemetry, StateCollector
 from pipeline.stages.lifecycle import is_redis_outage
@@ -188,6 +188,11 @@ class Pipeline:
 
     def _run(self) -> RunSummary:
         check_run_mode(self.config, until_done=self.until_done)
+        if self.role != "all" and not self.config.redis.url:
+            raise BadInput(
+                f"framebatch {self.role} needs redis.url: the Redis its decoders and detector "
+                "workers share (without it each process would start a private one)"
+            )
         with ExitStack() as stack:
             listen = self.config.http.listen if self.serve_http and self.role != "decode" else None
             http_socket = self._bind_http(listen) if listen else None
@@ -199,7 +204,8 @@ class Pipeline:
             with closing(
                 connect(self.redis_url, reconnect_timeout_s=0, socket_timeout_s=CONNECT_TIMEOUT_S)
             ) as probe:
-                check_access(probe, keys, url=self.redis_url)
+                more = lease_probes if self.role == "detect" else None
+                check_access(probe, keys, url=self.redis_url, more=more)
             # ...while from here on every process rides out a Redis outage
             client = connect(self.redis_url, reconnect_timeout_s=self._reconnect_timeout_s)
             stack.callback(client.close)
@@ -293,6 +299,18 @@ class Pipeline:
                 )
                 self._workers.append(worker)
                 if self.role == "detect":
+                    # the same id restarted (a pod's container) waits out its old heartbeat;
+                    # one that is still renewed belongs to another running worker
+                    deadline = time.monotonic() + self.config.redis.lease_ttl_s + 1
+                    while worker_alive(client, keys, self._worker_id) and (
+                        time.monotonic() < deadline
+                    ):
+                        self.stop.wait(0.25)
+                    if worker_alive(client, keys, self._worker_id):
+                        raise BadInput(
+                            f"worker id {self._worker_id!r} is in use by a running detector "
+                            "worker: give each worker its own --worker-id"
+                        )
                     self._keeper = self._lease_keeper(client, keys, worker, accounting, acks)
                     worker.may_read = self._keeper.may_read
                 for camera in cameras:
@@ -320,7 +338,10 @@ class Pipeline:
                 self._stop_all(decoders)
                 batcher_stop.set()
                 for batcher in batchers:
-                    batcher.join()
+                    while batcher.is_alive():
+                        batcher.join(SUPERVISE_TICK_S)
+                        if self._keeper is not None:  # its cameras stay its own meanwhile
+                            self._keeper.keep_alive()
                 if self._keeper is not None and not batcher_error:
                     self._keeper.leave()  # every frame read is finished: the others take over
             if batcher_error:

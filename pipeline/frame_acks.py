@@ -16,14 +16,33 @@ from streams.keys import FRAMES_GROUP, StreamKeys
 from streams.messages import CameraPosition, LedgerEntry, merge_drops
 from streams.redis_connect import is_nogroup
 
+#: KEYS: cursor, lease; ARGV: the worker, then field, value pairs.  A camera's position is
+#: written only by the worker holding its lease: a write of a worker cut off from Redis, sent
+#: again by its client once the network is back, must not move the new owner's position back.
+_FENCED_POSITION = """
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+return 1
+"""
+
 
 class FrameAcks:
     """Writes ledger entries and acknowledges frames for one batch worker (or a drain)."""
 
-    def __init__(self, *, redis_client: redis.Redis, keys: StreamKeys, ledger_maxlen: int):
+    def __init__(
+        self,
+        *,
+        redis_client: redis.Redis,
+        keys: StreamKeys,
+        ledger_maxlen: int,
+        lease_holder: str | None = None,
+    ):
+        """``lease_holder``: the worker whose camera leases fence its position writes."""
         self._redis = redis_client
         self._keys = keys
         self._ledger_maxlen = ledger_maxlen
+        self._lease_holder = lease_holder
+        self._fenced_position = redis_client.register_script(_FENCED_POSITION)
 
     def pipeline(self) -> Any:
         """A MULTI/EXEC pipeline: a write Redis refuses at queueing (out of memory, say)
@@ -46,8 +65,16 @@ class FrameAcks:
         pipe.xdel(key, *ids)
 
     def record_position(self, pipe: Any, camera: str, position: CameraPosition) -> None:
-        """Where the next worker to read the camera takes over (camera leases)."""
-        pipe.hset(self._keys.cursor(camera), mapping=position.to_fields())
+        """Where the next worker to read the camera takes over (camera leases); only while
+        this worker holds the camera's lease."""
+        if self._lease_holder is None:
+            raise RuntimeError("positions are kept by detector workers, which hold leases")
+        pairs = [str(v) for item in position.to_fields().items() for v in item]
+        self._fenced_position(
+            keys=[self._keys.cursor(camera), self._keys.lease(camera)],
+            args=[self._lease_holder, *pairs],
+            client=pipe,
+        )
 
     def acknowledge(
         self,

@@ -26,6 +26,7 @@ from pipeline.leases import CameraLeases
 from pipeline.stages.reader import CameraChange, CameraChanges
 from streams.keys import StreamKeys
 from streams.messages import CameraPosition, LedgerEntry
+from streams.redis_connect import is_nogroup
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +57,6 @@ class LeaseKeeper:
         self._next_tick = 0.0
         self._handing_over: dict[str, CameraChange] = {}
 
-    @property
-    def cameras(self) -> set[str]:
-        """The cameras this worker holds now (handed-over ones until released)."""
-        return self._leases.held | self._leases.handing_over
-
     def tick(self) -> None:
         """Call often (the supervisor's tick); renews the leases every ``tick_s``."""
         if self._clock() < self._next_tick:
@@ -76,7 +72,13 @@ class LeaseKeeper:
             self._handing_over[camera] = self._changes.pause(camera)
         for camera in changes.gained:
             key = self._keys.frames(camera)
-            claimed, trimmed = claim_pending(self._redis, key, self._consumer)
+            try:
+                claimed, trimmed = claim_pending(self._redis, key, self._consumer)
+            except redis.ResponseError as exc:
+                if not is_nogroup(exc):
+                    raise
+                # Redis lost its data: no group, nothing pending; the reader makes the group
+                claimed, trimmed = 0, 0
             position = CameraPosition.from_fields(self._redis.hgetall(self._keys.cursor(camera)))
             self._accounting.track(camera)
             if trimmed:  # read by the previous worker, then trimmed from the stream: lost
@@ -114,6 +116,17 @@ class LeaseKeeper:
     def may_read(self) -> bool:
         """The reader's gate: its leases are surely still its own."""
         return self._leases.valid()
+
+    def keep_alive(self) -> None:
+        """While stopping: renew the leases held (nothing new is taken) until the frames read
+        are finished; an outage here only lets the others take over sooner."""
+        if self._clock() < self._next_tick:
+            return
+        self._next_tick = self._clock() + self._leases.tick_s
+        try:
+            self._leases.renew()
+        except redis.RedisError as exc:
+            log.warning("leases not renewed while stopping: %s", exc)
 
     def leave(self) -> None:
         """After the worker stopped and finished its frames: the others take over now."""

@@ -140,6 +140,17 @@ class CameraLeases:
         worker cut off from Redis must not read on once its leases may have run out)."""
         return self.clock() < self.valid_until
 
+    def renew(self) -> None:
+        """Heartbeat and renew what is held, taking nothing new (a worker that is stopping
+        keeps its cameras while it finishes their frames)."""
+        sent = self.clock()
+        self._heartbeat(keys=[self.keys.workers()], args=[self._ttl_ms, self.worker_id])
+        for camera in sorted(self.held | self.handing_over):
+            if not self._hold_lease(camera):
+                self.held.discard(camera)
+                self.handing_over.discard(camera)
+        self.valid_until = sent + self.ttl_s * VALID_SHARE
+
     def _hold_lease(self, camera: str) -> bool:
         return bool(self._hold(keys=[self.keys.lease(camera)], args=[self.worker_id, self._ttl_ms]))
 
@@ -155,3 +166,37 @@ class CameraLeases:
         self.redis_client.zrem(self.keys.workers(), self.worker_id)
         for camera in sorted(self.held | self.handing_over):
             self.release(camera)
+
+
+def worker_alive(client: redis.Redis, keys: StreamKeys, worker_id: str) -> bool:
+    """Whether a worker with this id has a heartbeat in force (two processes under one id
+    would both hold every lease of it)."""
+    expires = client.zscore(keys.workers(), worker_id)
+    if expires is None:
+        return False
+    seconds, micros = client.time()
+    return expires > seconds * 1000 + micros // 1000
+
+
+def lease_probes(client: redis.Redis, key: str) -> list[tuple[str, Callable[[], object]]]:
+    """(what, call) for the commands a detector worker's leases run (in scripts: ZADD,
+    ZRANGE, ZREMRANGEBYSCORE, TIME, GET, SET, PEXPIRE, DEL, HSET; and ZREM, ZSCORE, SCRIPT
+    EXISTS for a script in a transaction), on probe keys under
+    ``key``, for the start-up check of the Redis user's rights."""
+    heartbeat = client.register_script(_HEARTBEAT)
+    hold, release = client.register_script(_HOLD), client.register_script(_RELEASE)
+    workers, lease = f"{key}:workers", f"{key}:lease"
+    return [
+        ("EVALSHA (worker heartbeat)", lambda: heartbeat(keys=[workers], args=[1000, "probe"])),
+        ("EVALSHA (camera lease)", lambda: hold(keys=[lease], args=["probe", 1000])),
+        ("EVALSHA (lease release)", lambda: release(keys=[lease], args=["probe"])),
+        ("ZREM", lambda: client.zrem(workers, "probe")),
+        ("ZSCORE", lambda: client.zscore(workers, "probe")),
+        ("SCRIPT EXISTS (a script in a transaction)", lambda: _script_in_pipeline(client, key)),
+    ]
+
+
+def _script_in_pipeline(client: redis.Redis, key: str) -> None:
+    pipe = client.pipeline(transaction=True)
+    client.register_script(_RELEASE)(keys=[f"{key}:lease"], args=["probe"], client=pipe)
+    pipe.execute()

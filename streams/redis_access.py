@@ -47,12 +47,20 @@ def _daemon_probes(client: redis.Redis, key: str) -> list[tuple[str, Callable[[]
     ]
 
 
-def check_access(client: redis.Redis, keys: StreamKeys, *, url: str) -> None:
-    """Run each command the daemon needs on a probe key; RedisAccessError names what failed."""
+def check_access(
+    client: redis.Redis,
+    keys: StreamKeys,
+    *,
+    url: str,
+    more: Callable[[redis.Redis, str], list[tuple[str, Callable[[], Any]]]] | None = None,
+) -> None:
+    """Run each command the daemon needs on a probe key; RedisAccessError names what failed.
+    ``more(client, key)``: further probes of a role (keys under ``key``)."""
     key = f"{keys.prefix}:probe:{uuid.uuid4().hex[:12]}"
     reached = False  # Redis answered at least once: the probe key may need removing
+    probes = _daemon_probes(client, key) + (more(client, key) if more else [])
     try:
-        for command, call in _daemon_probes(client, key):
+        for command, call in probes:
             try:
                 call()
                 reached = True
@@ -66,7 +74,7 @@ def check_access(client: redis.Redis, keys: StreamKeys, *, url: str) -> None:
     finally:
         try:
             if reached:
-                client.delete(key, f"{key}:hash")
+                client.delete(key, f"{key}:hash", f"{key}:workers", f"{key}:lease")
         except redis.RedisError:
             pass  # the probe key may not be ours to delete; the error above says why
 

@@ -40,6 +40,7 @@ from streams.transport import FrameDecoder, TransportLost
 log = logging.getLogger(__name__)
 
 IDLE_BLOCK_MS = 100
+STRAY_PAGE = 1000  # frames of one gap looked for on other workers at most
 
 
 @dataclass(frozen=True)
@@ -257,6 +258,11 @@ class FrameReader:
                 raise
             self._recreate_groups()
             return
+        if not self._may_read():
+            # the reply came after this worker's leases may have run out (a read held up by an
+            # outage): another worker may read these cameras now, and finds the entries
+            # pending here when it meets their gap (``_recover_strays``)
+            return
         dropped: list[Dropped[PendingFrame]] = []
         read: list[str] = []
         for key, entries in reply or []:
@@ -286,8 +292,16 @@ class FrameReader:
         self._acks.acknowledge(key, ids, entries, position=position, camera=camera)
 
     def _position(self, camera: str) -> CameraPosition:
-        entry_id = self._last_entry.get(self._keys.frames(camera), "0-0")
-        return replace(self._accounting.position(camera), entry_id=entry_id)
+        """The camera's position, never behind the one it was adopted at (claimed frames
+        read back are older entries than that)."""
+        key = self._keys.frames(camera)
+        position = replace(
+            self._accounting.position(camera), entry_id=self._last_entry.get(key, "0-0")
+        )
+        claimed = self._claimed_through.get(key)
+        if claimed is not None and claimed.received(position.entry_id):
+            position = replace(position, entry_id=claimed.entry_id)
+        return position
 
     def _recreate_groups(self) -> None:
         """Redis restarted without its data: the streams and the group are gone.  Make the
@@ -310,13 +324,56 @@ class FrameReader:
         self, key: str, entry_id: bytes, fields: dict[bytes, bytes]
     ) -> list[Dropped[PendingFrame]]:
         """Hand one entry to the accounting and the policy; returns what the policy shed."""
-        self._last_entry[key] = entry_id.decode()
+        strays = self._recover_strays(key, entry_id, fields) if self._track_positions else []
+        return strays + self._receive_one(key, entry_id, fields)
+
+    def _recover_strays(
+        self, key: str, entry_id: bytes, fields: dict[bytes, bytes]
+    ) -> list[Dropped[PendingFrame]]:
+        """Before a gap in seq is counted as dropped: the frames of the gap may be pending on
+        another worker instead, read by it when it was cut off and its lease ran out (a read it
+        sent before, carried out by Redis after).  Those are claimed and received first, in
+        stream order, so they are processed here, in order, and the gap is only what is
+        really missing."""
+        claimed = self._claimed_through.get(key)
+        if not fields or (claimed is not None and claimed.received(entry_id)):
+            return []
+        camera = self._camera_of[key]
+        session = fields.get(b"session", b"").decode()
+        if message_kind(fields) == "end":
+            next_seq = int(fields[b"frames"])
+        else:
+            next_seq = int(fields[b"seq"])
+        if not self._accounting.would_gap(camera, session, next_seq):
+            return []
+        after = self._last_entry.get(key, "0-0")
+        pending = self._redis.xpending_range(
+            key, FRAMES_GROUP, min=f"({after}", max=b"(" + entry_id, count=STRAY_PAGE
+        )
+        # this reader's own too: a reply it set aside (below) left its entries pending here
+        ids = [p["message_id"] for p in pending]
+        if not ids:
+            return []
+        strays = self._redis.xclaim(key, FRAMES_GROUP, self._consumer, 0, ids)
+        log.warning("camera %s: %d frames another worker read were claimed", camera, len(strays))
+        dropped: list[Dropped[PendingFrame]] = []
+        for stray_id, stray_fields in strays:
+            dropped += self._receive_one(key, stray_id, stray_fields or {})
+        return dropped
+
+    def _receive_one(
+        self, key: str, entry_id: bytes, fields: dict[bytes, bytes]
+    ) -> list[Dropped[PendingFrame]]:
         claimed = self._claimed_through.get(key)
         if not fields and claimed is not None and claimed.received(entry_id):
-            # claimed from the camera's previous worker, then acknowledged and deleted by it
-            # (it was not dead, only late): its frame, finished by it
-            self._acks.acknowledge(key, [entry_id])
+            # received by the camera's previous worker, claimed, then trimmed from the stream
+            # (an acknowledged frame leaves the pending list): lost with that worker
+            camera = self._camera_of[key]
+            self._accounting.on_claimed(camera)
+            lost = self._accounting.on_shed(camera, "worker_lost", claimed.session or "")
+            self._acknowledge(key, [entry_id], [lost])
             return []
+        self._last_entry[key] = entry_id.decode()
         if not fields:  # a pending entry whose frame was trimmed: an earlier run's (ours
             # are in memory), in flight when it died
             self._earlier_runs.trimmed(self._camera_of[key])
@@ -370,7 +427,7 @@ class FrameReader:
             image = self._frames.detach(frame)
         except TransportLost as exc:
             entry = self._accounting.on_shed(frame.camera, exc.cause, frame.session, frame.seq)
-            self._acks.acknowledge(key, [entry_id], [entry])
+            self._acknowledge(key, [entry_id], [entry])
             return []
         pending = PendingFrame(entry_id, frame, image)
         return self._policy.add(frame.camera, frame.seq, frame.captured, pending, self._clock())

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from pipeline.leases import CameraLeases, rendezvous_owner
+from pipeline.leases import CameraLeases, rendezvous_owner, worker_alive
 from streams.keys import StreamKeys
 
 CAMERAS = [f"cam{i}" for i in range(24)]
@@ -107,3 +107,13 @@ def test_a_worker_reads_only_while_its_last_renewal_is_surely_in_force(redis_cli
     assert not worker.valid()
     worker.tick()
     assert worker.valid()
+
+
+def test_a_worker_id_is_known_to_be_in_use_while_its_heartbeat_is_in_force(redis_client, prefix):
+    keys = StreamKeys(prefix)
+    (a,) = workers(redis_client, prefix, "a")
+    assert not worker_alive(redis_client, keys, "a")
+    a.tick()
+    assert worker_alive(redis_client, keys, "a") and not worker_alive(redis_client, keys, "b")
+    a.leave()
+    assert not worker_alive(redis_client, keys, "a")

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -29,6 +30,32 @@ def _one_clear_line(proc: subprocess.CompletedProcess[str], *expected: str) -> s
     for text in expected:
         assert text in lines[0], lines[0]
     return lines[0]
+
+
+def one_camera_config(tmp_path, assets, redis_url: str | None, **sections) -> Path:
+    return write_config(
+        tmp_path / "c.yaml",
+        model=assets / "models" / "yolov8n_fp32_dynbatch.onnx",
+        cameras=[{"id": "a", "url": str(CLIP)}],
+        redis_url=redis_url,
+        **sections,
+    )
+
+
+def as_user(redis_url: str, user: str, password: str) -> str:
+    where = urlsplit(redis_url)
+    return f"redis://{user}:{password}@{where.hostname}:{where.port}/0"
+
+
+def wait_for_lease(redis_url: str, key: str, worker: subprocess.Popen[str]) -> redis.Redis:
+    """Until the detector worker holds the camera's lease (a client to look further)."""
+    client = redis.Redis.from_url(redis_url)
+    deadline = time.monotonic() + 90
+    while client.get(key) is None and time.monotonic() < deadline:
+        assert worker.poll() is None, worker.communicate()[1]
+        time.sleep(0.2)
+    assert client.get(key) is not None
+    return client
 
 
 @pytest.mark.parametrize(
@@ -81,15 +108,7 @@ def test_an_acl_denial_names_the_command(
     redis_url, acl_user, prefix, tmp_path, assets, rules, expected
 ):
     user, password = acl_user(*rules)
-    where = urlsplit(redis_url)
-    url = f"redis://{user}:{password}@{where.hostname}:{where.port}/0"
-    config = write_config(
-        tmp_path / "c.yaml",
-        model=assets / "models" / "yolov8n_fp32_dynbatch.onnx",
-        cameras=[{"id": "a", "url": str(CLIP)}],
-        redis_url=url,
-        prefix=prefix,
-    )
+    config = one_camera_config(tmp_path, assets, as_user(redis_url, user, password), prefix=prefix)
     line = _one_clear_line(framebatch("run", str(config), "--until-done", timeout=120), expected)
     assert password not in line.replace("pw ", "")  # the URL is shown redacted
 
@@ -133,3 +152,72 @@ def test_consume_takes_the_url_from_the_environment_or_a_file(redis_url, tmp_pat
     finally:
         client.execute_command("ACL", "DELUSER", "fbconsume")
         client.close()
+
+
+#: docs/operations.md, "Redis users (ACL)": the daemon's rules, and what a detector worker adds
+DAEMON_RULES = (
+    "+ping +time +xadd +xlen +xrange +xrevrange +xread +xgroup|create +xreadgroup +xpending "
+    "+xclaim +xack +xdel +del +hset +hgetall +multi +exec"
+).split()
+DETECT_RULES = (
+    "+evalsha +script|load +script|exists +zadd +zrange +zremrangebyscore +zrem +zscore +get +set "
+    "+pexpire"
+)
+
+
+@pytest.mark.parametrize("documented", [True, False], ids=["detect-rules", "daemon-rules-only"])
+def test_a_detector_worker_checks_its_lease_commands_at_start(
+    redis_url, acl_user, prefix, tmp_path, assets, documented
+):
+    rules = [f"~{prefix}:*", *DAEMON_RULES, *(DETECT_RULES.split() if documented else [])]
+    user, password = acl_user(*rules)
+    config = one_camera_config(tmp_path, assets, as_user(redis_url, user, password), prefix=prefix)
+    if not documented:
+        proc = framebatch("detect", str(config), "--http", "off", timeout=120)
+        _one_clear_line(proc, "may not run EVALSHA")
+        return
+    # with the documented rules it starts, takes its camera and stops cleanly on SIGTERM
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "detect", str(config), "--http", "off"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        client = wait_for_lease(redis_url, f"{prefix}:lease:a", worker)
+    finally:
+        worker.terminate()
+        _out, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, err
+    assert client.get(f"{prefix}:lease:a") is None  # let go on the way out
+
+
+@pytest.mark.parametrize("role", ["decode", "detect"])
+def test_split_roles_need_the_shared_redis_url(tmp_path, assets, role):
+    config = one_camera_config(tmp_path, assets, None)
+    _one_clear_line(framebatch(role, str(config), timeout=60), f"framebatch {role} needs redis.url")
+
+
+def test_a_second_worker_under_a_running_workers_id_is_refused(redis_url, prefix, tmp_path, assets):
+    config = one_camera_config(
+        tmp_path,
+        assets,
+        redis_url,
+        prefix=prefix,
+        redis={"url": redis_url, "prefix": prefix, "lease_ttl_s": 1.0},
+    )
+    first = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "detect", str(config), "--http", "off"]
+        + ["--worker-id", "gpu-0"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for_lease(redis_url, f"{prefix}:lease:a", first)
+        proc = framebatch("detect", str(config), "--http", "off", "--worker-id", "gpu-0")
+        _one_clear_line(proc, "worker id 'gpu-0' is in use")
+    finally:
+        first.terminate()
+        first.communicate(timeout=60)
+    assert first.returncode == 0

@@ -13,6 +13,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import redis
@@ -30,6 +34,7 @@ from tests.integration.test_camera_leases import (
     WORKERS,
     assert_every_frame_detected_in_order,
     complete,
+    detections,
     kill_and_time_the_take_over,
     lease_owners,
 )
@@ -71,7 +76,10 @@ def stop(process: subprocess.Popen[str] | None) -> tuple[int | None, str]:
     return process.returncode, err
 
 
-def test_a_worker_killed_and_a_cable_pulled_on_other_hosts_lose_nothing(assets, hosts, tmp_path):
+@contextmanager
+def deployment(hosts: Hosts, tmp_path: Path) -> Iterator[Deployment]:
+    """Redis on its host, a detector worker on each worker host sharing the cameras (the
+    decoders are the test's to start)."""
     socket_path = tmp_path / "redis.sock"
     server = subprocess.Popen(
         hosts.command(
@@ -85,11 +93,11 @@ def test_a_worker_killed_and_a_cable_pulled_on_other_hosts_lose_nothing(assets, 
         stdout=subprocess.DEVNULL,
     )
     url = f"redis://:{PASSWORD}@{hosts.addresses['redis']}:6379/0"
-    keys = StreamKeys(PREFIX)
     processes: dict[str, subprocess.Popen[str] | None] = {}
     try:
         wait_for(socket_path.exists, 10, "redis-server listening")
         client = redis.Redis(unix_socket_path=str(socket_path), password=PASSWORD)
+        keys = StreamKeys(PREFIX)
         config = write_config(
             tmp_path / "hosts.yaml",
             model=MODEL,
@@ -105,7 +113,26 @@ def test_a_worker_killed_and_a_cable_pulled_on_other_hosts_lose_nothing(assets, 
             )
         wait_for(lambda: client.zcard(keys.workers()) == 2, 90, "two workers registered")
         wait_for(lambda: lease_owners(client, keys) == SHARES, 30, "the cameras shared")
-        processes["decoders"] = start(hosts, "decoders", "decode", str(config))
+        yield Deployment(client, keys, config, processes)
+    finally:
+        for process in processes.values():
+            stop(process)
+        server.terminate()
+        server.wait(10)
+
+
+@dataclass
+class Deployment:
+    client: redis.Redis
+    keys: StreamKeys
+    config: Path
+    processes: dict[str, subprocess.Popen[str] | None]
+
+
+def test_a_worker_killed_and_a_cable_pulled_on_other_hosts_lose_nothing(assets, hosts, tmp_path):
+    with deployment(hosts, tmp_path) as run:
+        client, keys, processes = run.client, run.keys, run.processes
+        processes["decoders"] = start(hosts, "decoders", "decode", str(run.config))
         victim, survivor = WORKERS
         moved_after = kill_and_time_the_take_over(client, keys, processes[victim], victim)
         assert processes["decoders"].poll() is None  # still decoding: the cut matters
@@ -120,11 +147,39 @@ def test_a_worker_killed_and_a_cable_pulled_on_other_hosts_lose_nothing(assets, 
         assert moved_after <= LEASE_TTL_S + 1.0, moved_after
         assert_every_frame_detected_in_order(client, keys, reports)
         assert all(r.ok for r in audit(client, keys, CAMERAS))
-    finally:
-        for process in processes.values():
-            stop(process)
-        server.terminate()
-        server.wait(10)
+
+
+def test_a_worker_cut_off_for_5_s_rejoins_and_nothing_is_lost(assets, hosts, tmp_path):
+    """Past its TTL the cut-off worker's cameras go to the other; back, it finds its leases
+    taken, stops reading them at once (it read nothing once its leases might have run out),
+    rejoins, and gets its share handed back."""
+    with deployment(hosts, tmp_path) as run:
+        client, keys, processes = run.client, run.keys, run.processes
+        processes["decoders"] = start(hosts, "decoders", "decode", str(run.config))
+        cut, other = WORKERS
+        theirs = sorted(c for c, w in SHARES.items() if w == cut)
+        wait_for(
+            lambda: all(len(detections(client, keys, c)) >= 5 for c in theirs),
+            60,
+            "the cut worker's cameras detected",
+        )
+        hosts.link(cut, up=False)
+        wait_for(
+            lambda: all(lease_owners(client, keys).get(c) == other for c in theirs),
+            LEASE_TTL_S + 10,
+            "the cut worker's cameras taken over",
+        )
+        time.sleep(max(0.0, 5.0 - LEASE_TTL_S))
+        hosts.link(cut, up=True)
+        wait_for(lambda: lease_owners(client, keys) == SHARES, 60, "the cut worker's share back")
+        code, err = stop_when_done(processes["decoders"], 180)
+        assert code == 0, err
+        reports = wait_for(complete(client, keys), 120, "every frame detected or dropped", 0.5)
+        for worker in WORKERS:
+            code, err = stop(processes[worker])
+            assert code == 0, err
+        assert_every_frame_detected_in_order(client, keys, reports)
+        assert all(r.ok for r in audit(client, keys, CAMERAS))
 
 
 def stop_when_done(process: subprocess.Popen[str] | None, timeout_s: float) -> tuple[int, str]:
