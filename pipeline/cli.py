@@ -177,9 +177,12 @@ def cmd_consume(args: argparse.Namespace) -> int:
 
     try:
         url = consume_redis_url(args)
-        client = connect(url, reconnect_timeout_s=args.reconnect_timeout)
+        client = connect(url, reconnect_timeout_s=args.reconnect_timeout, cluster=args.cluster)
     except (OSError, ValueError) as exc:
         print(f"framebatch consume: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except redis.RedisError as exc:  # a cluster client reads the slot map at once
+        print(f"framebatch consume: {describe_redis_error(exc, url)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     consumer = DetectionConsumer(
         client,
@@ -309,7 +312,9 @@ def cmd_drain(args: argparse.Namespace) -> int:
     cameras = [camera.id for camera in config.cameras]
     keys = StreamKeys(config.redis.prefix)
     try:
-        with connect(config.redis.url, reconnect_timeout_s=0) as client:
+        with connect(
+            config.redis.url, reconnect_timeout_s=0, cluster=config.redis.cluster
+        ) as client:
             accounting = Accounting(cameras)
             acks = FrameAcks(
                 redis_client=client, keys=keys, ledger_maxlen=config.redis.detections_maxlen
@@ -388,6 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=60.0,
         metavar="S",
         help="ride out a Redis outage this long (default: %(default)s)",
+    )
+    consume.add_argument(
+        "--cluster", action="store_true", help="the URL is a node of a Redis Cluster"
     )
     consume.add_argument("--prefix", default="fb", help="key prefix (default: %(default)s)")
     consume.add_argument("--camera", action="append", help="camera id (repeatable; default: all)")

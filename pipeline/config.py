@@ -83,7 +83,7 @@ class RedisConfig(BaseModel):
 
     model_config = _MODEL_CONFIG
     url: str | None = Field(None, description="redis:// URL; unset: start a private redis-server")
-    prefix: str = Field("fb", description="Key prefix: <prefix>:frames:<camera>, ...")
+    prefix: str = Field("fb", description="Key prefix: <prefix>:frames:{<camera>}, ...")
     frames_maxlen: int = Field(64, ge=2, description="MAXLEN ~ of each frames stream")
     detections_maxlen: int = Field(100_000, ge=1, description="MAXLEN ~ of each detections stream")
     reconnect_timeout_s: Finite = Field(
@@ -91,6 +91,11 @@ class RedisConfig(BaseModel):
         ge=0,
         le=86_400,
         description="How long every process rides out a Redis outage (retrying with backoff)",
+    )
+    cluster: bool = Field(
+        False,
+        description="redis.url is a node of a Redis Cluster (each camera's keys share a hash "
+        "slot: {camera} tags; the others are found from it)",
     )
     lease_ttl_s: Finite = Field(
         5.0,
@@ -103,6 +108,12 @@ class RedisConfig(BaseModel):
     @classmethod
     def _check_prefix(cls, prefix: str) -> str:
         return _key_part(prefix, "key prefix", 64)
+
+    @model_validator(mode="after")
+    def _cluster_needs_url(self) -> RedisConfig:
+        if self.cluster and not self.url:
+            raise fail("cluster: true needs url: a node of the Redis Cluster to use")
+        return self
 
 
 class ModelConfig(BaseModel):

@@ -62,7 +62,7 @@ from streams.embedded_redis import EmbeddedRedis, RedisServerError
 from streams.events import EventLog
 from streams.keys import FRAMES_GROUP, StreamKeys
 from streams.messages import EndOfStream, session_progress
-from streams.redis_access import RedisAccessError, check_access
+from streams.redis_access import RedisAccessError, check_access, describe_redis_error
 from streams.redis_connect import CONNECT_TIMEOUT_S, connect, is_outage
 from streams.shm_ring import remove_segments
 from streams.sinks import DetectionSink, SinkContext, open_sinks
@@ -201,13 +201,15 @@ class Pipeline:
             self.redis_url = self.config.redis.url or stack.enter_context(EmbeddedRedis()).url
             keys = StreamKeys(self.config.redis.prefix)
             # bad input at start (URL, password, ACL, TLS) is one line and exit 2, at once...
-            with closing(
-                connect(self.redis_url, reconnect_timeout_s=0, socket_timeout_s=CONNECT_TIMEOUT_S)
-            ) as probe:
+            try:  # a cluster client reads the slot map at once
+                probe = self._connect(reconnect_timeout_s=0, socket_timeout_s=CONNECT_TIMEOUT_S)
+            except redis.RedisError as exc:
+                raise RedisAccessError(describe_redis_error(exc, self.redis_url)) from None
+            with closing(probe):
                 more = lease_probes if self.role == "detect" else None
                 check_access(probe, keys, url=self.redis_url, more=more)
             # ...while from here on every process rides out a Redis outage
-            client = connect(self.redis_url, reconnect_timeout_s=self._reconnect_timeout_s)
+            client = self._connect(reconnect_timeout_s=self._reconnect_timeout_s)
             stack.callback(client.close)
             self._prepare_streams(client, keys)
             camera_ids = [camera.id for camera in self.config.cameras]
@@ -221,8 +223,8 @@ class Pipeline:
                 telemetry=telemetry,
             )
             states = CameraStates()
-            status_client = connect(  # probes and scrapes must not ride out an outage
-                self.redis_url, reconnect_timeout_s=0, socket_timeout_s=CONNECT_TIMEOUT_S
+            status_client = self._connect(  # probes and scrapes must not ride out an outage
+                reconnect_timeout_s=0, socket_timeout_s=CONNECT_TIMEOUT_S
             )
             stack.callback(status_client.close)
             control = Control(
@@ -426,6 +428,9 @@ class Pipeline:
             rules=rules.__getitem__,
         )
 
+    def _connect(self, **options: Any) -> redis.Redis:
+        return connect(self.redis_url, cluster=self.config.redis.cluster, **options)
+
     def _prepare_streams(self, client: redis.Redis, keys: StreamKeys) -> None:
         for camera in self.config.cameras:
             self._prepare_stream(client, keys, camera.id)
@@ -476,6 +481,7 @@ class Pipeline:
                 os.getpid(),  # the decoder dies with this process, however it ends
                 self._reconnect_timeout_s,
                 letterbox.max_bytes,
+                self.config.redis.cluster,
             ),
             name=f"fb-decoder-{spec.camera}",
             daemon=True,

@@ -8,18 +8,19 @@ MULTI/EXEC as, and after, its ledger entry.  A crash between the two repeats a m
 
 from __future__ import annotations
 
-from typing import Any
-
 import redis
 
 from streams.keys import FRAMES_GROUP, StreamKeys
 from streams.messages import CameraPosition, LedgerEntry, merge_drops
+from streams.redis_cluster import SlotTransactions
 from streams.redis_connect import is_nogroup
 
 #: KEYS: cursor, lease; ARGV: the worker, then field, value pairs.  A camera's position is
 #: written only by the worker holding its lease: a write of a worker cut off from Redis, sent
 #: again by its client once the network is back, must not move the new owner's position back.
-_FENCED_POSITION = """
+#: Sent as EVAL, not EVALSHA: inside MULTI an unknown sha fails only at EXEC, after the rest
+#: of the transaction went through, and redis-py's cluster pipelines refuse EVALSHA.
+FENCED_POSITION = """
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 2))
 return 1
@@ -42,38 +43,39 @@ class FrameAcks:
         self._keys = keys
         self._ledger_maxlen = ledger_maxlen
         self._lease_holder = lease_holder
-        self._fenced_position = redis_client.register_script(_FENCED_POSITION)
 
-    def pipeline(self) -> Any:
-        """A MULTI/EXEC pipeline: a write Redis refuses at queueing (out of memory, say)
-        aborts the whole of it, so an acknowledgement never goes through without what it
-        acknowledges."""
-        return self._redis.pipeline(transaction=True)
+    def transactions(self, *, atomic: bool = True) -> SlotTransactions:
+        """MULTI/EXEC pipelines, one a camera on a Redis Cluster: a write Redis refuses at
+        queueing (out of memory, say) aborts the whole of its camera's, so an acknowledgement
+        never goes through without what it acknowledges.  ``atomic=False`` for writes that
+        stand alone (``SlotTransactions``)."""
+        return SlotTransactions(self._redis, atomic=atomic)
 
-    def write_ledger(self, pipe: Any, entries: list[LedgerEntry]) -> None:
+    def write_ledger(self, tx: SlotTransactions, entries: list[LedgerEntry]) -> None:
         for entry in merge_drops(entries):
-            pipe.xadd(
-                self._keys.ledger(entry.camera),
+            key = self._keys.ledger(entry.camera)
+            tx.on(key).xadd(
+                key,
                 entry.to_fields(),
                 maxlen=self._ledger_maxlen,
                 approximate=True,
             )
 
     @staticmethod
-    def ack_and_delete(pipe: Any, key: str, ids: list[bytes]) -> None:
-        pipe.xack(key, FRAMES_GROUP, *ids)
-        pipe.xdel(key, *ids)
+    def ack_and_delete(tx: SlotTransactions, key: str, ids: list[bytes]) -> None:
+        tx.on(key).xack(key, FRAMES_GROUP, *ids)
+        tx.on(key).xdel(key, *ids)
 
-    def record_position(self, pipe: Any, camera: str, position: CameraPosition) -> None:
+    def record_position(self, tx: SlotTransactions, camera: str, position: CameraPosition) -> None:
         """Where the next worker to read the camera takes over (camera leases); only while
         this worker holds the camera's lease."""
         if self._lease_holder is None:
             raise RuntimeError("positions are kept by detector workers, which hold leases")
         pairs = [str(v) for item in position.to_fields().items() for v in item]
-        self._fenced_position(
-            keys=[self._keys.cursor(camera), self._keys.lease(camera)],
-            args=[self._lease_holder, *pairs],
-            client=pipe,
+        keys = [self._keys.cursor(camera), self._keys.lease(camera)]
+        # execute_command: redis-py's cluster pipelines have no eval()
+        tx.on(keys[0]).execute_command(
+            "EVAL", FENCED_POSITION, len(keys), *keys, self._lease_holder, *pairs
         )
 
     def acknowledge(
@@ -87,26 +89,27 @@ class FrameAcks:
     ) -> None:
         """Ledger entries first (with the camera's ``position`` when given), then the
         acknowledgement, in one round trip."""
-        pipe = self.pipeline()
-        self.write_ledger(pipe, entries or [])
+        tx = self.transactions()
+        self.write_ledger(tx, entries or [])
         if position is not None:
-            self.record_position(pipe, camera, position)
+            self.record_position(tx, camera, position)
         if ids:
-            self.ack_and_delete(pipe, key, ids)
-        self.execute(pipe)
+            self.ack_and_delete(tx, key, ids)
+        self.execute(tx)
 
     def acknowledge_frames(self, ids_by_stream: dict[str, list[bytes]]) -> None:
-        """A published batch's frames, of several streams, in one round trip."""
-        pipe = self.pipeline()
+        """A published batch's frames, of several streams, in one round trip (on a cluster,
+        one per node: what they acknowledge, the detections, is written already)."""
+        tx = self.transactions(atomic=False)
         for key, ids in ids_by_stream.items():
-            self.ack_and_delete(pipe, key, ids)
-        self.execute(pipe)
+            self.ack_and_delete(tx, key, ids)
+        self.execute(tx)
 
     @staticmethod
-    def execute(pipe: Any) -> None:
+    def execute(tx: SlotTransactions) -> None:
         """Run a pipeline (retried through an outage by the client).  An acknowledgement
         that finds no group is no error: Redis restarted without the frames, which are gone
         either way (the reader re-creates the group)."""
-        for result in pipe.execute(raise_on_error=False):
+        for result in tx.execute(raise_on_error=False):
             if isinstance(result, Exception) and not is_nogroup(result):
                 raise result

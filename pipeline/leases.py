@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import redis
 
+from pipeline.frame_acks import FENCED_POSITION
 from streams.keys import StreamKeys
 
 VALID_SHARE = 0.8  # of the TTL: how long after a renewal was sent the leases are trusted
@@ -180,9 +181,9 @@ def worker_alive(client: redis.Redis, keys: StreamKeys, worker_id: str) -> bool:
 
 def lease_probes(client: redis.Redis, key: str) -> list[tuple[str, Callable[[], object]]]:
     """(what, call) for the commands a detector worker's leases run (in scripts: ZADD,
-    ZRANGE, ZREMRANGEBYSCORE, TIME, GET, SET, PEXPIRE, DEL, HSET; and ZREM, ZSCORE, SCRIPT
-    EXISTS for a script in a transaction), on probe keys under
-    ``key``, for the start-up check of the Redis user's rights."""
+    ZRANGE, ZREMRANGEBYSCORE, TIME, GET, SET, PEXPIRE, DEL, HSET; ZREM, ZSCORE; and EVAL
+    for the position's script in a transaction), on probe keys under ``key``, for the start-up
+    check of the Redis user's rights."""
     heartbeat = client.register_script(_HEARTBEAT)
     hold, release = client.register_script(_HOLD), client.register_script(_RELEASE)
     workers, lease = f"{key}:workers", f"{key}:lease"
@@ -192,11 +193,12 @@ def lease_probes(client: redis.Redis, key: str) -> list[tuple[str, Callable[[], 
         ("EVALSHA (lease release)", lambda: release(keys=[lease], args=["probe"])),
         ("ZREM", lambda: client.zrem(workers, "probe")),
         ("ZSCORE", lambda: client.zscore(workers, "probe")),
-        ("SCRIPT EXISTS (a script in a transaction)", lambda: _script_in_pipeline(client, key)),
+        ("EVAL (the camera's position)", lambda: _position_script(client, key)),
     ]
 
 
-def _script_in_pipeline(client: redis.Redis, key: str) -> None:
+def _position_script(client: redis.Redis, key: str) -> None:
     pipe = client.pipeline(transaction=True)
-    client.register_script(_RELEASE)(keys=[f"{key}:lease"], args=["probe"], client=pipe)
+    keys = (f"{key}:cursor", f"{key}:lease")
+    pipe.execute_command("EVAL", FENCED_POSITION, 2, *keys, "probe", "probe", 1)
     pipe.execute()

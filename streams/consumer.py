@@ -16,6 +16,7 @@ import redis
 
 from streams.keys import StreamKeys
 from streams.messages import DetectionMessage
+from streams.redis_cluster import read_streams
 from streams.redis_connect import is_nogroup
 
 DEFAULT_BLOCK_MS = 500
@@ -155,11 +156,13 @@ class DetectionConsumer:
                         return
 
     def _read(self, block_ms: int) -> list:
-        if self._group is None:
-            return self._redis.xread(self._positions, block=block_ms)
         try:
-            return self._redis.xreadgroup(
-                self._group, self._consumer, self._positions, block=block_ms
+            return read_streams(
+                self._redis,
+                self._positions,
+                group=self._group,
+                consumer=self._consumer,
+                block_ms=block_ms,
             )
         except redis.ResponseError as exc:
             if not is_nogroup(exc):

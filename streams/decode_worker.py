@@ -383,9 +383,11 @@ def run_decoder_process(
     parent_pid: int | None = None,
     reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S,
     max_frame_bytes: int | None = None,
+    cluster: bool = False,
 ) -> None:
     """Process entry point: the parent coordinates shutdown, so SIGINT is ignored here.
-    ``max_frame_bytes``: the largest prepared frame (sizes a shm ring's slots).
+    ``max_frame_bytes``: the largest prepared frame (sizes a shm ring's slots); ``cluster``:
+    ``redis_url`` is a Redis Cluster node.
 
     With the shm transport the ring lives until the batcher has read this camera's frames, or
     until the parent sets ``released`` (its batcher has stopped); then it is unlinked.  With
@@ -398,8 +400,8 @@ def run_decoder_process(
     if parent_pid is not None:
         raise_parent_gone_on(signal.SIGTERM, parent_pid=parent_pid, stopping=stop.is_set)
         die_with_parent(parent_pid, signal.SIGTERM)
-    client = connect(redis_url, reconnect_timeout_s=reconnect_timeout_s)
-    fail_fast = connect(redis_url, fail_fast=True)
+    client = connect(redis_url, reconnect_timeout_s=reconnect_timeout_s, cluster=cluster)
+    fail_fast = connect(redis_url, fail_fast=True, cluster=cluster)
     keys = StreamKeys(prefix)
     encoder = make_encoder(
         transport or TransportSpec(),

@@ -74,11 +74,14 @@ class EmbeddedRedis:
         port: int | None = None,
         executable: str = "redis-server",
         aof_dir: Path | None = None,
+        extra_args: tuple[str, ...] = (),
     ):
         """``aof_dir``: persist with an append-only file fsynced on every write, kept there
-        across restarts (tests of Redis restarts); default: no persistence."""
+        across restarts (tests of Redis restarts); default: no persistence.  ``extra_args``:
+        more ``redis-server`` options (``--cluster-enabled yes``...)."""
         self._port = port
         self._aof_dir = aof_dir
+        self._extra_args = extra_args
         self._executable = executable
         self._process: subprocess.Popen[bytes] | None = None
         self._workdir: Path | None = None
@@ -106,6 +109,7 @@ class EmbeddedRedis:
         else:
             args += ["--port", str(self._port), "--bind", "127.0.0.1"]
             self.url = f"redis://127.0.0.1:{self._port}/0"
+        args += self._extra_args
         setpriv = shutil.which("setpriv")  # util-linux: the server dies with its guard
         if setpriv is not None:
             args = [setpriv, "--pdeathsig", "TERM", "--", *args]

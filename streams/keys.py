@@ -1,4 +1,11 @@
-"""Every Redis key and group name framebatch uses, in one place (the wire contract)."""
+"""Every Redis key and group name framebatch uses, in one place (the wire contract).
+
+Every key of one camera carries the camera's id as a Redis Cluster hash tag,
+``<prefix>:frames:{<camera>}``: a cluster hashes only the part in braces, so a camera's frames,
+detections, ledger, progress, lease and position share one slot, and a transaction or script
+over them (ledger entry, position and acknowledgement together) is legal on a cluster.  Keys of
+different cameras spread over the cluster's nodes.
+"""
 
 from __future__ import annotations
 
@@ -10,17 +17,17 @@ FRAMES_GROUP = "framebatch-batcher"
 
 @dataclass(frozen=True)
 class StreamKeys:
-    """Key names under one prefix, e.g. ``<prefix>:frames:<camera>``."""
+    """Key names under one prefix, e.g. ``<prefix>:frames:{<camera>}``."""
 
     prefix: str = "fb"
 
     def frames(self, camera: str) -> str:
         """Stream of letterboxed frames for one camera (bounded, ``MAXLEN ~``)."""
-        return f"{self.prefix}:frames:{camera}"
+        return f"{self.prefix}:frames:{_tag(camera)}"
 
     def detections(self, camera: str) -> str:
         """Stream of detection messages for one camera, one entry per decoded frame."""
-        return f"{self.prefix}:detections:{camera}"
+        return f"{self.prefix}:detections:{_tag(camera)}"
 
     def detections_pattern(self) -> str:
         """SCAN pattern that matches every camera's detection stream."""
@@ -29,18 +36,18 @@ class StreamKeys:
     def camera_from_detections(self, key: str | bytes) -> str:
         """Inverse of :meth:`detections`."""
         text = key.decode() if isinstance(key, bytes) else key
-        return text[len(self.detections("")) :]
+        return text[len(self.prefix) + len(":detections:") :].removeprefix("{").removesuffix("}")
 
     def ledger(self, camera: str) -> str:
         """Stream of what became of frames that have no detection message: drops by cause,
         and each decoder session's end (``streams.messages.LedgerEntry``)."""
-        return f"{self.prefix}:ledger:{camera}"
+        return f"{self.prefix}:ledger:{_tag(camera)}"
 
     def progress(self, camera: str) -> str:
         """Hash of the camera's running decoder session: ``session``, ``frames`` (seqs used so
         far) and ``redis_down``; written with each frame, so that the end of a session whose
         decoder died without its end entry is still known."""
-        return f"{self.prefix}:progress:{camera}"
+        return f"{self.prefix}:progress:{_tag(camera)}"
 
     def workers(self) -> str:
         """Sorted set of the live detector workers, scored by when their heartbeat runs out
@@ -49,13 +56,18 @@ class StreamKeys:
 
     def lease(self, camera: str) -> str:
         """The id of the detector worker that reads this camera now (expires with its TTL)."""
-        return f"{self.prefix}:lease:{camera}"
+        return f"{self.prefix}:lease:{_tag(camera)}"
 
     def cursor(self, camera: str) -> str:
         """Hash of how far the camera's frames have been accounted for at receipt (session,
         last seq, redis_down seen, ended): where the next worker to read it takes over."""
-        return f"{self.prefix}:cursor:{camera}"
+        return f"{self.prefix}:cursor:{_tag(camera)}"
 
     def events(self) -> str:
         """Stream of status events (camera opened, disconnected, failed, ended)."""
         return f"{self.prefix}:events"
+
+
+def _tag(camera: str) -> str:
+    """The camera's hash tag: its keys share one Redis Cluster slot (ids never hold braces)."""
+    return "{" + camera + "}"

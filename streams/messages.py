@@ -423,7 +423,7 @@ _TIMESTAMP_NAMES = ("captured", "enqueued", "batched", "inferred", "published")
 
 @dataclass(frozen=True)
 class DetectionMessage:
-    """The detections of one frame, published to ``<prefix>:detections:<camera>``."""
+    """The detections of one frame, published to ``<prefix>:detections:{<camera>}``."""
 
     camera: str
     seq: int

@@ -13,11 +13,14 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
+from redis.cluster import key_slot
 
 from streams.keys import StreamKeys
+from streams.redis_cluster import NotACluster, refuses_as_cluster
 from streams.urls import redact_url, url_scheme
 
 PROBE_GROUP = "framebatch-probe"
+_PROBE_SUFFIXES = ("", ":hash", ":workers", ":lease", ":cursor")
 
 
 class RedisAccessError(RuntimeError):
@@ -43,8 +46,17 @@ def _daemon_probes(client: redis.Redis, key: str) -> list[tuple[str, Callable[[]
         ("HSET", lambda: client.hset(f"{key}:hash", "probe", 1)),
         ("HGETALL", lambda: client.hgetall(f"{key}:hash")),
         ("MULTI/EXEC", lambda: client.pipeline(transaction=True).xlen(key).execute()),
-        ("DEL", lambda: client.delete(key, f"{key}:hash")),
+        # keys of two slots in one command: a cluster node refuses it (CROSSSLOT), which is
+        # how a cluster named without redis.cluster is found at once, whatever node it is
+        ("DEL", lambda: client.delete(key, f"{key}:hash", _key_in_another_slot(key))),
     ]
+
+
+def _key_in_another_slot(key: str) -> str:
+    other = key
+    while key_slot(other.encode()) == key_slot(key.encode()):
+        other = f"{key.rsplit(':', 1)[0]}:{{{uuid.uuid4().hex[:12]}}}"
+    return other
 
 
 def check_access(
@@ -56,7 +68,8 @@ def check_access(
 ) -> None:
     """Run each command the daemon needs on a probe key; RedisAccessError names what failed.
     ``more(client, key)``: further probes of a role (keys under ``key``)."""
-    key = f"{keys.prefix}:probe:{uuid.uuid4().hex[:12]}"
+    # hash-tagged: the probe's keys share a slot on a cluster, like a camera's
+    key = f"{keys.prefix}:probe:{{{uuid.uuid4().hex[:12]}}}"
     reached = False  # Redis answered at least once: the probe key may need removing
     probes = _daemon_probes(client, key) + (more(client, key) if more else [])
     try:
@@ -74,7 +87,7 @@ def check_access(
     finally:
         try:
             if reached:
-                client.delete(key, f"{key}:hash", f"{key}:workers", f"{key}:lease")
+                client.delete(*(key + suffix for suffix in _PROBE_SUFFIXES))
         except redis.RedisError:
             pass  # the probe key may not be ours to delete; the error above says why
 
@@ -88,6 +101,11 @@ def describe_redis_error(exc: BaseException, url: str) -> str:
         hint = "check the user and password in redis.url"
     elif isinstance(exc, redis.exceptions.NoPermissionError):
         hint = "grant the commands and keys listed in docs/operations.md"
+    elif refuses_as_cluster(exc):
+        detail = f"{type(exc).__name__}: {detail}"  # MovedError: 8555 10.0.0.2:6379
+        hint = "this Redis is a cluster node: set redis.cluster: true (consume: --cluster)"
+    elif isinstance(exc, NotACluster):
+        hint = "redis.cluster: true (consume: --cluster) needs a Redis Cluster node"
     elif tls and isinstance(exc, redis.ConnectionError | redis.TimeoutError):
         hint = "rediss:// needs a TLS port: is TLS enabled there, or is the URL meant as redis://?"
     elif isinstance(exc, redis.ConnectionError) and "closed" in detail.lower():

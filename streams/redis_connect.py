@@ -19,6 +19,8 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from streams.redis_cluster import connect_cluster
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -91,19 +93,29 @@ def connect(
     reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S,
     fail_fast: bool = False,
     socket_timeout_s: float = SOCKET_TIMEOUT_S,
+    cluster: bool = False,
 ) -> redis.Redis:
     """A client for ``url`` that retries through outages (or, ``fail_fast``, never retries).
-    ``socket_timeout_s`` also bounds a TLS handshake with a server that speaks no TLS."""
-    tcp = {} if url.startswith("unix:") else {"socket_keepalive": True}
+    ``socket_timeout_s`` also bounds a TLS handshake with a server that speaks no TLS.
+    ``cluster``: ``url`` is a node of a Redis Cluster (``streams.redis_cluster``)."""
+    options: dict[str, Any] = {
+        "socket_connect_timeout": FAIL_FAST_CONNECT_TIMEOUT_S if fail_fast else CONNECT_TIMEOUT_S,
+        "socket_timeout": min(socket_timeout_s, FAIL_FAST_SOCKET_TIMEOUT_S)
+        if fail_fast
+        else socket_timeout_s,
+    }
+    if not url.startswith("unix:"):
+        options["socket_keepalive"] = True
+    if cluster:
+        # a RedisCluster client is no redis.Redis, but answers every command framebatch uses
+        return connect_cluster(  # type: ignore[return-value]
+            url, reconnect_timeout_s=0.0 if fail_fast else reconnect_timeout_s, **options
+        )
     return redis.Redis.from_url(
         url,
         retry=OutageRetry(0.0 if fail_fast else reconnect_timeout_s),
         retry_on_error=list(OUTAGE_ERRORS),
-        socket_connect_timeout=FAIL_FAST_CONNECT_TIMEOUT_S if fail_fast else CONNECT_TIMEOUT_S,
-        socket_timeout=min(socket_timeout_s, FAIL_FAST_SOCKET_TIMEOUT_S)
-        if fail_fast
-        else socket_timeout_s,
-        **tcp,
+        **options,
     )
 
 

@@ -34,6 +34,7 @@ from streams.messages import (
     LedgerEntry,
     message_kind,
 )
+from streams.redis_cluster import read_streams
 from streams.redis_connect import is_nogroup
 from streams.transport import FrameDecoder, TransportLost
 
@@ -250,8 +251,13 @@ class FrameReader:
     def _read(self, *, count: int, block_ms: int | None) -> None:
         """XREADGROUP over every camera; ``block_ms=None`` returns at once."""
         try:
-            reply = self._redis.xreadgroup(
-                FRAMES_GROUP, self._consumer, self._read_ids, count=count, block=block_ms
+            reply = read_streams(
+                self._redis,
+                self._read_ids,
+                group=FRAMES_GROUP,
+                consumer=self._consumer,
+                count=count,
+                block_ms=block_ms,
             )
         except redis.ResponseError as exc:
             if not is_nogroup(exc):
@@ -277,10 +283,10 @@ class FrameReader:
             if entries:
                 read.append(self._camera_of[key])
         if self._track_positions and read:
-            pipe = self._acks.pipeline()
+            tx = self._acks.transactions(atomic=False)  # each position write stands alone
             for camera in read:
-                self._acks.record_position(pipe, camera, self._position(camera))
-            self._acks.execute(pipe)
+                self._acks.record_position(tx, camera, self._position(camera))
+            self._acks.execute(tx)
         self._drop(dropped)
 
     def _acknowledge(self, key: str, ids: list[bytes], entries: list[LedgerEntry]) -> None:
@@ -437,19 +443,19 @@ class FrameReader:
         acknowledged and deleted."""
         if not dropped:
             return
-        pipe = self._acks.pipeline()
+        tx = self._acks.transactions()
         entries = []
         for d in dropped:
             message = d.frame.item.message
             entries.append(
                 self._accounting.on_shed(message.camera, d.cause, message.session, message.seq)
             )
-        self._acks.write_ledger(pipe, entries)
+        self._acks.write_ledger(tx, entries)
         for d in dropped:
             self._acks.ack_and_delete(
-                pipe, self._keys.frames(d.frame.camera), [d.frame.item.entry_id]
+                tx, self._keys.frames(d.frame.camera), [d.frame.item.entry_id]
             )
-        self._acks.execute(pipe)
+        self._acks.execute(tx)
 
     def _dispatch(self, frames: list[Queued[PendingFrame]]) -> None:
         batched = self._clock()

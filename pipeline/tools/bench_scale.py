@@ -1,4 +1,5 @@
-"""Detector workers scaling out: ``python -m pipeline.tools.bench_scale [--workers 1,2,4]``.
+"""Detector workers scaling out: ``python -m pipeline.tools.bench_scale [--workers 1,2,4]
+[--redis single,cluster]``.
 
 Frames/s through 1, 2 and 4 ``framebatch detect`` workers (real processes, real Redis, real
 leases, reader, batching, publisher and acknowledgements) sharing 16 cameras. The detector is
@@ -8,6 +9,8 @@ work, not this 2-core machine's CPU (labelled so). The cameras are synthetic fra
 fed through the real decode worker (backpressure: each stream holds a few frames waiting, so
 no worker ever waits for input). Counted: detection messages published during a fixed window
 once every worker holds its cameras. Target: n workers give >= 0.9 x n x one worker.
+``--redis cluster`` runs the same against a three-master Redis Cluster on loopback (per-camera
+transactions, polled reads), beside a single Redis on a loopback TCP port for comparison.
 """
 
 from __future__ import annotations
@@ -35,9 +38,11 @@ from detectors.detector import Detector
 from detectors.postprocess import InputDetections, Thresholds
 from detectors.preprocess import Letterbox
 from pipeline.config import Config, load_config
+from pipeline.tools.local_cluster import LocalRedisCluster
 from streams.decode_worker import DecoderSpec, DecodeWorker
-from streams.embedded_redis import EmbeddedRedis
+from streams.embedded_redis import EmbeddedRedis, free_tcp_port
 from streams.keys import StreamKeys
+from streams.redis_connect import connect
 from streams.sources import DecodedFrame, VideoSource
 
 IMGSZ = 64  # small frames: Redis and the reader move them, the simulated model ignores them
@@ -96,11 +101,16 @@ class SimulatedCamera(VideoSource):
             yield DecodedFrame(self._image, index / 30)
 
 
-def write_config(path: Path, redis_url: str, max_batch: int) -> Path:
+def write_config(path: Path, redis_url: str, max_batch: int, cluster: bool) -> Path:
     model = path.parent / "simulated.onnx"  # never opened: the detector is simulated
     model.write_bytes(b"\x08")
     config = {
-        "redis": {"url": redis_url, "prefix": PREFIX, "frames_maxlen": 2 * max_batch},
+        "redis": {
+            "url": redis_url,
+            "prefix": PREFIX,
+            "frames_maxlen": 2 * max_batch,
+            "cluster": cluster,
+        },
         "model": {"path": str(model), "imgsz": IMGSZ, "rect": False},  # never read
         "batching": {"max_batch_size": max_batch, "max_wait_ms": 5},
         "http": {"listen": None},
@@ -130,7 +140,9 @@ def run_worker(config_path: str, worker_id: str, service: ServiceTime) -> int:
     return 0
 
 
-def feed_cameras(redis_url: str, stop: threading.Event, frames: int) -> list[threading.Thread]:
+def feed_cameras(
+    redis_url: str, stop: threading.Event, frames: int, cluster: bool
+) -> list[threading.Thread]:
     """A decode worker thread per camera, on synthetic frames."""
     threads = []
     for index in range(CAMERAS):
@@ -145,7 +157,7 @@ def feed_cameras(redis_url: str, stop: threading.Event, frames: int) -> list[thr
         )
         worker = DecodeWorker(
             spec=spec,
-            redis_client=redis.Redis.from_url(redis_url),
+            redis_client=connect(redis_url, cluster=cluster),
             keys=StreamKeys(PREFIX),
             prepare=Letterbox(IMGSZ, IMGSZ),
             open_source=lambda spec: SimulatedCamera(spec, frames),
@@ -161,11 +173,14 @@ def detections(client: redis.Redis) -> int:
     return sum(client.xlen(keys.detections(f"cam{i:02d}")) for i in range(CAMERAS))
 
 
-def measure(workers: int, service: ServiceTime, window_s: float, max_batch: int) -> float:
+def measure(
+    workers: int, service: ServiceTime, window_s: float, max_batch: int, cluster: bool = False
+) -> float:
     """Frames/s of ``workers`` workers over ``window_s`` seconds of steady state."""
-    with TemporaryDirectory() as folder, EmbeddedRedis() as server:
-        config = write_config(Path(folder) / "scale.yaml", server.url, max_batch)
-        client = redis.Redis.from_url(server.url)
+    redis_server = LocalRedisCluster() if cluster else EmbeddedRedis(port=free_tcp_port())
+    with TemporaryDirectory() as folder, redis_server as server:
+        config = write_config(Path(folder) / "scale.yaml", server.url, max_batch, cluster)
+        client = connect(server.url, cluster=cluster)
         keys = StreamKeys(PREFIX)
         processes = [
             subprocess.Popen(
@@ -184,7 +199,7 @@ def measure(workers: int, service: ServiceTime, window_s: float, max_batch: int)
                 time.sleep(0.2)
             else:
                 raise RuntimeError("the workers did not share the cameras within 120 s")
-            feed_cameras(server.url, stop, frames=1_000_000)
+            feed_cameras(server.url, stop, frames=1_000_000, cluster=cluster)
             time.sleep(3.0)  # streams filled, batches at their steady size
             first, started = detections(client), time.monotonic()
             time.sleep(window_s)
@@ -209,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch", type=int, default=8)
     parser.add_argument("--window", type=float, default=10.0, help="seconds measured per run")
     parser.add_argument("--rounds", type=int, default=3, help="runs per worker count (median)")
+    parser.add_argument(
+        "--redis", default="single", help="single, cluster or both (single,cluster)"
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     parser.add_argument("--worker", nargs=2, metavar=("CONFIG", "ID"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -217,11 +235,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return run_worker(*args.worker, service)
     counts = [int(n) for n in args.workers.split(",")]
-    rates: dict[int, list[float]] = {n: [] for n in counts}
-    for _ in range(args.rounds):  # interleaved: drift on a shared machine hits every count
-        for n in counts:
-            rates[n].append(measure(n, service, args.window, args.max_batch))
-    one = statistics.median(rates[counts[0]]) / counts[0]
+    kinds = args.redis.split(",")
+    if not set(kinds) <= {"single", "cluster"}:
+        parser.error(f"--redis: single, cluster or both, not {args.redis!r}")
+    rates = {(kind, n): [] for kind in kinds for n in counts}
+    for _ in range(args.rounds):  # interleaved: drift on a shared machine hits every run
+        for kind in kinds:
+            for n in counts:
+                rate = measure(n, service, args.window, args.max_batch, kind == "cluster")
+                rates[kind, n].append(rate)
     ideal = args.max_batch / service.seconds(args.max_batch)
     print(
         f"simulated detector (sleep, not CPU bound): {service.base_ms:g} + "
@@ -229,12 +251,19 @@ def main(argv: list[str] | None = None) -> int:
         f"could do {ideal:.0f} frames/s"
     )
     report: dict[str, Any] = {"service_ms": [base, per_frame], "cameras": CAMERAS, "runs": {}}
-    for n in counts:
-        median = statistics.median(rates[n])
-        ratio = median / (n * one)
-        runs = ", ".join(f"{r:.0f}" for r in rates[n])
-        print(f"  {n} worker(s): {median:7.1f} frames/s (runs {runs}); {ratio:.2f} x linear")
-        report["runs"][n] = {"frames_per_s": rates[n], "median": median, "of_linear": ratio}
+    for kind in kinds:
+        one = statistics.median(rates[kind, counts[0]]) / counts[0]
+        print(f" {kind} Redis" if kind == "single" else " Redis Cluster (3 masters)")
+        for n in counts:
+            median = statistics.median(rates[kind, n])
+            ratio = median / (n * one)
+            runs = ", ".join(f"{r:.0f}" for r in rates[kind, n])
+            print(f"  {n} worker(s): {median:7.1f} frames/s (runs {runs}); {ratio:.2f} x linear")
+            figures = {"frames_per_s": rates[kind, n], "median": median, "of_linear": ratio}
+            if kind == "single":  # the layout earlier reports used
+                report["runs"][n] = figures
+            else:
+                report.setdefault("cluster_runs", {})[n] = figures
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
     return 0

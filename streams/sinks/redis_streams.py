@@ -1,4 +1,4 @@
-"""Detections into Redis Streams, ``<prefix>:detections:<camera>`` (capped at
+"""Detections into Redis Streams, ``<prefix>:detections:{<camera>}`` (capped at
 ``redis.detections_maxlen``): the sink every run has unless ``sinks:`` says otherwise, and the one
 ``framebatch consume`` and :class:`streams.consumer.DetectionConsumer` read."""
 
@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from streams.messages import DetectionMessage
+from streams.redis_cluster import SlotTransactions
 from streams.sinks.base import SinkContext, SinkOptions
 
 
@@ -25,16 +26,14 @@ class RedisStreamsSink:
 
     def write(self, messages: Sequence[DetectionMessage]) -> None:
         # one MULTI/EXEC round trip: all of a batch or none of it (a write Redis refuses at
-        # queueing, out of memory say, aborts the rest)
-        pipe = self._redis.pipeline(transaction=True)
+        # queueing, out of memory say, aborts the rest).  On a Redis Cluster one pipeline, a
+        # round trip per node: a refused write raises, the batch is not acknowledged and is
+        # published again (consumers de-duplicate by frame_id)
+        tx = SlotTransactions(self._redis, atomic=False)
         for message in messages:
-            pipe.xadd(
-                self._keys.detections(message.camera),
-                message.to_fields(),
-                maxlen=self._maxlen,
-                approximate=True,
-            )
-        pipe.execute()
+            key = self._keys.detections(message.camera)
+            tx.on(key).xadd(key, message.to_fields(), maxlen=self._maxlen, approximate=True)
+        tx.execute()
 
     def close(self) -> None:
         pass  # the client belongs to the daemon

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
+from streams.keys import StreamKeys
 from tests.conftest import SAMPLE_CLIPS
 from tests.integration.runner import framebatch, write_config
 
@@ -160,8 +161,7 @@ DAEMON_RULES = (
     "+xclaim +xack +xdel +del +hset +hgetall +multi +exec"
 ).split()
 DETECT_RULES = (
-    "+evalsha +script|load +script|exists +zadd +zrange +zremrangebyscore +zrem +zscore +get +set "
-    "+pexpire"
+    "+evalsha +script|load +eval +zadd +zrange +zremrangebyscore +zrem +zscore +get +set +pexpire"
 )
 
 
@@ -184,12 +184,12 @@ def test_a_detector_worker_checks_its_lease_commands_at_start(
         text=True,
     )
     try:
-        client = wait_for_lease(redis_url, f"{prefix}:lease:a", worker)
+        client = wait_for_lease(redis_url, StreamKeys(prefix).lease("a"), worker)
     finally:
         worker.terminate()
         _out, err = worker.communicate(timeout=60)
     assert worker.returncode == 0, err
-    assert client.get(f"{prefix}:lease:a") is None  # let go on the way out
+    assert client.get(StreamKeys(prefix).lease("a")) is None  # let go on the way out
 
 
 @pytest.mark.parametrize("role", ["decode", "detect"])
@@ -214,7 +214,7 @@ def test_a_second_worker_under_a_running_workers_id_is_refused(redis_url, prefix
         text=True,
     )
     try:
-        wait_for_lease(redis_url, f"{prefix}:lease:a", first)
+        wait_for_lease(redis_url, StreamKeys(prefix).lease("a"), first)
         proc = framebatch("detect", str(config), "--http", "off", "--worker-id", "gpu-0")
         _one_clear_line(proc, "worker id 'gpu-0' is in use")
     finally:

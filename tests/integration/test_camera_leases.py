@@ -96,57 +96,59 @@ def assert_every_frame_detected_in_order(client: redis.Redis, keys: StreamKeys, 
 
 def test_a_killed_workers_cameras_move_to_the_other_and_nothing_is_lost(assets, tmp_path):
     with EmbeddedRedis() as server, redis.Redis.from_url(server.url) as client:
-        keys = StreamKeys(PREFIX)
-        config = write_config(
-            tmp_path / "split.yaml",
-            model=MODEL,
-            cameras=[
-                # file jobs wait for room in their 4-frame streams: paced by the workers, so
-                # the victim's cameras wait for the take-over and nothing may be dropped
-                {"id": camera, "url": str(CLIP), "realtime": False}
-                for camera in CAMERAS
-            ],
-            redis_url=server.url,
-            prefix=PREFIX,
-            redis={
-                "url": server.url,
-                "prefix": PREFIX,
-                "lease_ttl_s": LEASE_TTL_S,
-                "frames_maxlen": 4,
-            },
-            max_batch_size=4,
+        kill_a_worker_mid_run(tmp_path, client, {"url": server.url})
+
+
+def kill_a_worker_mid_run(tmp_path, client: redis.Redis, redis_config: dict) -> None:
+    """``framebatch decode`` and two ``framebatch detect`` workers on four cameras against the
+    Redis of ``redis_config`` (read through ``client``); one worker SIGKILLed mid-run.  Its
+    cameras must move within the TTL and a tick, and every frame be detected, in order."""
+    keys = StreamKeys(PREFIX)
+    config = write_config(
+        tmp_path / "split.yaml",
+        model=MODEL,
+        cameras=[
+            # file jobs wait for room in their 4-frame streams: paced by the workers, so
+            # the victim's cameras wait for the take-over and nothing may be dropped
+            {"id": camera, "url": str(CLIP), "realtime": False}
+            for camera in CAMERAS
+        ],
+        redis_url=redis_config["url"],
+        prefix=PREFIX,
+        redis={**redis_config, "prefix": PREFIX, "lease_ttl_s": LEASE_TTL_S, "frames_maxlen": 4},
+        max_batch_size=4,
+    )
+    workers = {
+        worker: start_daemon(
+            config,
+            *("--http", "off", "--worker-id", worker),
+            *("--summary-json", str(tmp_path / f"{worker}.json")),
+            command="detect",
         )
-        workers = {
-            worker: start_daemon(
-                config,
-                *("--http", "off", "--worker-id", worker),
-                *("--summary-json", str(tmp_path / f"{worker}.json")),
-                command="detect",
-            )
-            for worker in WORKERS
-        }
-        decoders = None
-        try:
-            # the first worker up takes every camera, then hands the other its share
-            wait_for(lambda: client.zcard(keys.workers()) == 2, 90, "two workers registered")
-            wait_for(lambda: lease_owners(client, keys) == SHARES, 30, "the cameras shared")
-            decoders = start_daemon(config, command="decode")
-            victim, survivor = WORKERS
-            moved_after = kill_and_time_the_take_over(client, keys, workers[victim], victim)
-            workers[victim].wait()
-            decoders.wait(120)  # every file decoded
-            assert decoders.returncode == 0, decoders.stderr.read()
-            reports = wait_for(complete(client, keys), 120, "every frame detected or dropped", 0.5)
-            code, _out, err = stop_daemon(workers[survivor])
-            assert code == 0, err
-        finally:
-            for process in [*workers.values(), decoders]:
-                if process is not None and process.poll() is None:
-                    stop_daemon(process)
-        # within the TTL and the survivor's next tick (a third of the TTL, at most 1 s)
-        assert moved_after <= LEASE_TTL_S + 1.0, moved_after
-        assert_every_frame_detected_in_order(client, keys, reports)
-        summary = json.loads((tmp_path / f"{survivor}.json").read_text())
-        took = {c["camera"]: c for c in summary["cameras"]}
-        for camera in (c for c, w in SHARES.items() if w == victim):
-            assert took[camera]["handed_over"] > 0  # the victim received some before it died
+        for worker in WORKERS
+    }
+    decoders = None
+    try:
+        # the first worker up takes every camera, then hands the other its share
+        wait_for(lambda: client.zcard(keys.workers()) == 2, 90, "two workers registered")
+        wait_for(lambda: lease_owners(client, keys) == SHARES, 30, "the cameras shared")
+        decoders = start_daemon(config, command="decode")
+        victim, survivor = WORKERS
+        moved_after = kill_and_time_the_take_over(client, keys, workers[victim], victim)
+        workers[victim].wait()
+        decoders.wait(120)  # every file decoded
+        assert decoders.returncode == 0, decoders.stderr.read()
+        reports = wait_for(complete(client, keys), 120, "every frame detected or dropped", 0.5)
+        code, _out, err = stop_daemon(workers[survivor])
+        assert code == 0, err
+    finally:
+        for process in [*workers.values(), decoders]:
+            if process is not None and process.poll() is None:
+                stop_daemon(process)
+    # within the TTL and the survivor's next tick (a third of the TTL, at most 1 s)
+    assert moved_after <= LEASE_TTL_S + 1.0, moved_after
+    assert_every_frame_detected_in_order(client, keys, reports)
+    summary = json.loads((tmp_path / f"{survivor}.json").read_text())
+    took = {c["camera"]: c for c in summary["cameras"]}
+    for camera in (c for c, w in SHARES.items() if w == victim):
+        assert took[camera]["handed_over"] > 0  # the victim received some before it died

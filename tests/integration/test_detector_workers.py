@@ -12,6 +12,7 @@ import pytest
 from pipeline.builders import load_detector, shard_cameras
 from pipeline.config import parse_config
 from pipeline.daemon import Pipeline
+from streams.keys import StreamKeys
 from tests.conftest import MODEL, SAMPLE_CLIPS, VIDEOS
 from tests.integration.runner import published
 
@@ -56,6 +57,6 @@ def test_two_workers_process_every_frame_once_in_order(assets, redis_url, redis_
     for cam in clips:
         messages = published(redis_client, prefix, cam)
         assert messages and [m.seq for m in messages] == list(range(len(messages))), cam
-    groups = redis_client.xinfo_consumers(f"{prefix}:frames:street", "framebatch-batcher")
+    groups = redis_client.xinfo_consumers(StreamKeys(prefix).frames("street"), "framebatch-batcher")
     assert [g["name"] for g in groups] == [b"batcher-1"]
     assert summary.processed == sum(len(published(redis_client, prefix, c)) for c in clips)

@@ -464,6 +464,10 @@ INVALID = [
         "reads the detections streams",
     ),
     (merged(MINIMAL, {"sinks": ["jsonl"]}), "sinks[0]: must be a mapping (got string)"),
+    (
+        merged(MINIMAL, {"redis": {"cluster": True}}),
+        "redis: cluster: true needs url: a node of the Redis Cluster to use",
+    ),
 ]
 
 

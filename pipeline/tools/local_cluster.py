@@ -1,0 +1,115 @@
+"""A real Redis Cluster on loopback, for tests and benchmarks: three ``redis-server`` masters
+with ``--cluster-enabled yes`` (each an :class:`EmbeddedRedis`, so it dies with its owner), the
+16384 slots split among them, joined with CLUSTER MEET (what ``redis-cli --cluster create``
+does, without its prompts)."""
+
+from __future__ import annotations
+
+import random
+import socket
+import time
+from contextlib import ExitStack
+
+import redis
+from redis.cluster import key_slot
+
+from streams.embedded_redis import EmbeddedRedis
+
+SLOTS = 16384
+READY_TIMEOUT_S = 20.0
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _ports(count: int) -> list[int]:
+    """Ports whose cluster bus port (+10000) is free too."""
+    chosen: list[int] = []
+    while len(chosen) < count:
+        port = random.randrange(20000, 30000)
+        if port not in chosen and _free(port) and _free(port + 10000):
+            chosen.append(port)
+    return chosen
+
+
+class LocalRedisCluster:
+    """Use as a context manager; ``url`` is the first node's, ``node_of(key)`` says which
+    node holds a key."""
+
+    def __init__(self, masters: int = 3):
+        self._masters = masters
+        self._stack = ExitStack()
+        self.ports: list[int] = []
+        self.url = ""
+
+    def __enter__(self) -> LocalRedisCluster:
+        try:
+            self.ports = _ports(self._masters)
+            for port in self.ports:
+                self._stack.enter_context(
+                    EmbeddedRedis(
+                        port=port,
+                        extra_args=("--cluster-enabled", "yes", "--cluster-node-timeout", "2000"),
+                    )
+                )
+            self._join()
+        except BaseException:
+            self._stack.close()
+            raise
+        self.url = f"redis://127.0.0.1:{self.ports[0]}/0"
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stack.close()
+
+    def _join(self) -> None:
+        clients = [redis.Redis(port=p) for p in self.ports]
+        bounds = [SLOTS * i // self._masters for i in range(self._masters + 1)]
+        for i, client in enumerate(clients):
+            client.execute_command("CLUSTER ADDSLOTSRANGE", bounds[i], bounds[i + 1] - 1)
+            if i:
+                client.execute_command("CLUSTER MEET", "127.0.0.1", self.ports[0])
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            infos = [c.execute_command("CLUSTER INFO") for c in clients]
+            if all(_field(info, "cluster_state") == "ok" for info in infos) and all(
+                _field(info, "cluster_known_nodes") == str(self._masters) for info in infos
+            ):
+                for client in clients:
+                    client.close()
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"the cluster did not come up in {READY_TIMEOUT_S:.0f} s: {infos}")
+
+    def refusals(self) -> dict[str, int]:
+        """How often the nodes refused a command as sent to the wrong slot or node (CROSSSLOT,
+        MOVED, ASK, from INFO errorstats), counted since they started."""
+        counts: dict[str, int] = {}
+        for port in self.ports:
+            with redis.Redis(port=port) as client:
+                for name, stat in client.info("errorstats").items():
+                    kind = name.removeprefix("errorstat_")
+                    if kind in ("CROSSSLOT", "MOVED", "ASK"):
+                        counts[kind] = counts.get(kind, 0) + int(stat["count"])
+        return counts
+
+    def node_of(self, key: str) -> int:
+        """Index of the node that holds ``key``'s slot."""
+        slot = key_slot(key.encode())
+        return next(i for i in range(self._masters) if slot < SLOTS * (i + 1) // self._masters)
+
+
+def _field(info: object, name: str) -> str:
+    if isinstance(info, dict):
+        return str(info.get(name))
+    text = info.decode() if isinstance(info, bytes) else str(info)
+    for line in text.splitlines():
+        if line.startswith(f"{name}:"):
+            return line.split(":", 1)[1].strip()
+    return ""
