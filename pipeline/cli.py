@@ -86,7 +86,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except FramebatchError as exc:
         return _report(exc)
     if role == "decode":  # the frames' fate is the detector workers' summary
-        return EXIT_OK
+        return EXIT_CAMERA_ERRORS if pipeline.failed_cameras() else EXIT_OK
     print(summary.format())
     if getattr(args, "summary_json", None):
         Path(args.summary_json).write_text(json.dumps(summary.to_json(), indent=2))

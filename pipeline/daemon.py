@@ -149,6 +149,14 @@ class Pipeline:
         """What the HTTP API sees of the run, once it has started."""
         return getattr(self, "_control", None)
 
+    def failed_cameras(self) -> list[str]:
+        """Cameras whose source failed (and was not restarted), as their decoders reported:
+        what ``framebatch decode`` knows of its cameras' end (the frames' fate is in the
+        detector workers' summaries)."""
+        control = self.control
+        states = control.states.states() if control is not None else {}
+        return sorted(camera for camera, state in states.items() if state == "failed")
+
     @property
     def _reconnect_timeout_s(self) -> float:
         return self.config.redis.reconnect_timeout_s

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from streams.keys import StreamKeys
-from tests.conftest import SAMPLE_CLIPS
+from tests.conftest import MODEL, SAMPLE_CLIPS
 from tests.integration.runner import framebatch, write_config
 
 pytestmark = pytest.mark.integration
@@ -190,6 +190,28 @@ def test_a_detector_worker_checks_its_lease_commands_at_start(
         _out, err = worker.communicate(timeout=60)
     assert worker.returncode == 0, err
     assert client.get(StreamKeys(prefix).lease("a")) is None  # let go on the way out
+
+
+def test_decoders_alone_exit_1_when_a_camera_failed(
+    redis_url, redis_client, prefix, tmp_path, assets
+):
+    """``framebatch decode`` knows its cameras' ends from their decoders: a source that failed
+    makes it exit 1, like ``framebatch run`` (the other camera is decoded to its end)."""
+    config = write_config(
+        tmp_path / "decode.yaml",
+        model=MODEL,
+        cameras=[
+            {"id": "good", "url": str(SAMPLE_CLIPS / "testsrc_640x360_15fps.mp4")},
+            {"id": "notvideo", "url": str(SAMPLE_CLIPS / "not_a_video.mp4")},
+        ],
+        redis_url=redis_url,
+        prefix=prefix,
+    )
+    proc = framebatch("decode", str(config), timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "camera 'notvideo'" in proc.stderr and "Traceback" not in proc.stderr
+    good = redis_client.xlen(StreamKeys(prefix).frames("good"))
+    assert good == 60 + 1  # every frame and the session's end, waiting for a detector worker
 
 
 @pytest.mark.parametrize("role", ["decode", "detect"])
