@@ -63,6 +63,7 @@ from streams.events import EventLog
 from streams.keys import FRAMES_GROUP, StreamKeys
 from streams.messages import EndOfStream, session_progress
 from streams.redis_access import RedisAccessError, check_access, describe_redis_error
+from streams.redis_cluster import server_time_ms
 from streams.redis_connect import CONNECT_TIMEOUT_S, connect, is_outage
 from streams.shm_ring import remove_segments
 from streams.sinks import DetectionSink, SinkContext, open_sinks
@@ -263,8 +264,7 @@ class Pipeline:
                 drain(client, keys, camera_ids, accounting=accounting, acks=acks)
             self._accounting, self._acks = accounting, acks  # cameras added live are drained too
             events_seen = EventLog(client, keys).last_id()  # report every event of this run
-            seconds, micros = client.time()
-            since_ms = seconds * 1000 + micros // 1000  # stream entries older than this run
+            since_ms = server_time_ms(client)  # stream entries older than this run
             if self.role == "detect":
                 since_ms = 0  # workers come and go: every entry is for whoever reads it
             # Decoders start first: their start-up overlaps the model load and warm-up.

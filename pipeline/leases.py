@@ -23,6 +23,7 @@ import redis
 
 from pipeline.frame_acks import FENCED_POSITION
 from streams.keys import StreamKeys
+from streams.redis_cluster import server_time_ms
 
 VALID_SHARE = 0.8  # of the TTL: how long after a renewal was sent the leases are trusted
 
@@ -175,8 +176,7 @@ def worker_alive(client: redis.Redis, keys: StreamKeys, worker_id: str) -> bool:
     expires = client.zscore(keys.workers(), worker_id)
     if expires is None:
         return False
-    seconds, micros = client.time()
-    return expires > seconds * 1000 + micros // 1000
+    return expires > server_time_ms(client, keys.workers())
 
 
 def lease_probes(client: redis.Redis, key: str) -> list[tuple[str, Callable[[], object]]]:

@@ -16,7 +16,7 @@ import redis
 
 from streams.keys import StreamKeys
 from streams.messages import DetectionMessage
-from streams.redis_cluster import read_streams
+from streams.redis_cluster import GroupsMissing, read_streams
 from streams.redis_connect import is_nogroup
 
 DEFAULT_BLOCK_MS = 500
@@ -164,6 +164,11 @@ class DetectionConsumer:
                 consumer=self._consumer,
                 block_ms=block_ms,
             )
+        except GroupsMissing as exc:  # a cluster node lost its data; the others' reads came
+            for key in exc.keys:
+                self._positions.pop(key, None)
+            self._discover(first=False)
+            return exc.reply
         except redis.ResponseError as exc:
             if not is_nogroup(exc):
                 raise

@@ -17,20 +17,36 @@ one camera is legal; what it does to several cameras at once is split here:
 
 from __future__ import annotations
 
-import math
+import logging
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import redis
 from redis._parsers import CommandsParser
 from redis.backoff import ExponentialBackoff
-from redis.cluster import RedisCluster
-from redis.exceptions import AskError, ClusterCrossSlotError, RedisClusterException
+from redis.cluster import ClusterPipeline, RedisCluster
+from redis.exceptions import (
+    AskError,
+    ClusterCrossSlotError,
+    ClusterDownError,
+    RedisClusterException,
+    TryAgainError,
+)
 from redis.retry import Retry
+
+from streams.redis_connect import is_nogroup, is_outage
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: How often an idle reader asks a cluster again; the most a frame waits for it.
 CLUSTER_POLL_S = 0.005
+
+
+def _no_op() -> None:
+    pass
 
 
 def is_cluster(client: Any) -> bool:
@@ -38,33 +54,143 @@ def is_cluster(client: Any) -> bool:
 
 
 def connect_cluster(url: str, *, reconnect_timeout_s: float, **options: Any) -> RedisCluster:
-    """A cluster client from any node's URL (the others are found with CLUSTER SHARDS).  It
-    retries a command for about ``reconnect_timeout_s`` (backoff capped at 1 s; redis-py
-    counts attempts, not time), refreshing the slot map on each failure, which also follows
-    a failover to a replica."""
-    retries = math.ceil(reconnect_timeout_s)
+    """A cluster client from any node's URL (the others are found with CLUSTER SLOTS).  Its
+    commands and pipelines ride out an outage (a node down, a failover under way, the whole
+    cluster away) for ``reconnect_timeout_s``, as a single Redis's client does: redis-py's own
+    retries are attempts without waiting, so they are wrapped in a wait with backoff that
+    re-reads the slot map after each failure.  An outage that outlasts it is raised as
+    ``redis.ConnectionError``."""
     try:
-        client = RedisCluster.from_url(
-            url, retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=retries), **options
+        client = _ride_out(
+            lambda: _OutageTolerantCluster.from_url(
+                url, retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=2), **options
+            ),
+            reconnect_timeout_s,
         )
     except RedisClusterException as exc:
-        # redis-py wraps what went wrong with the node: unwrap it (a refused password, an
-        # unreachable host), and say so plainly when the node is no cluster node
-        chain, cause = [], exc.__cause__
-        while cause is not None and cause not in chain:
-            chain.append(cause)
-            cause = cause.__cause__ or cause.__context__
-        for cause in chain:
-            if isinstance(cause, redis.RedisError):  # CLUSTER SLOTS denied by the ACL too
-                if not isinstance(cause, redis.ResponseError) or isinstance(
-                    cause, redis.exceptions.NoPermissionError
-                ):
-                    raise cause from None
-        if any("not enabled" in str(e) for e in [exc, *chain]):
-            raise NotACluster("cluster mode is not enabled on this node") from None
-        raise redis.ConnectionError(str(exc)) from None
+        raise unwrap(exc) from None
+    client.outage_timeout_s = reconnect_timeout_s
     client.commands_parser.__class__ = _StreamKeysParser
     return client
+
+
+def unwrap(error: RedisClusterException) -> redis.RedisError:
+    """What a RedisClusterException (no RedisError) stands for: the node's refusal it wraps
+    (a wrong password, CLUSTER SLOTS denied), :class:`NotACluster`, else a ConnectionError."""
+    chain, cause = [], error.__cause__
+    while cause is not None and cause not in chain:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    for cause in chain:
+        if isinstance(cause, redis.RedisError) and (
+            not isinstance(cause, redis.ResponseError)
+            or isinstance(cause, redis.exceptions.NoPermissionError)
+        ):
+            return cause
+    if any("not enabled" in str(e) for e in [error, *chain]):
+        return NotACluster("cluster mode is not enabled on this node")
+    return redis.ConnectionError(f"Redis Cluster unreachable: {error}")
+
+
+def is_cluster_outage(error: BaseException) -> bool:
+    """The cluster, or the node a command needs, cannot answer now: down, failing over,
+    slots not covered.  Not: a refused password or command."""
+    if isinstance(error, RedisClusterException):  # redis-py's own, no RedisError
+        return is_outage(unwrap(error))
+    return is_outage(error) or isinstance(error, ClusterDownError | TryAgainError)
+
+
+def _ride_out(do: Callable[[], T], timeout_s: float, on_failure: Callable[[], None] = _no_op) -> T:
+    """``do()``, again with backoff while the cluster is out, for up to ``timeout_s``."""
+    backoff = ExponentialBackoff(cap=1.0, base=0.05)
+    failures, deadline = 0, None
+    while True:
+        try:
+            result = do()
+        except Exception as error:
+            if not is_cluster_outage(error):
+                raise
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + timeout_s
+                if timeout_s > 0:
+                    log.warning(
+                        "Redis Cluster unreachable (%s): retrying for up to %.0f s",
+                        error,
+                        timeout_s,
+                    )
+            if now >= deadline:  # said as what a single Redis's client raises
+                if isinstance(error, redis.ConnectionError | redis.TimeoutError):
+                    raise
+                if isinstance(error, RedisClusterException):
+                    raise unwrap(error) from error
+                raise redis.ConnectionError(f"Redis Cluster unreachable: {error}") from error
+            failures += 1
+            time.sleep(min(backoff.compute(failures), max(0.0, deadline - now)))
+            try:
+                on_failure()
+            except Exception:  # noqa: BLE001 - the next attempt says what is wrong
+                pass
+        else:
+            if failures and timeout_s > 0:
+                log.warning("Redis Cluster answers again after %d failed attempts", failures)
+            return result
+
+
+class _OutageTolerantCluster(RedisCluster):
+    """Commands and pipelines that ride out an outage (``_ride_out``)."""
+
+    outage_timeout_s = 0.0
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        return _ride_out(
+            lambda: super(_OutageTolerantCluster, self).execute_command(*args, **kwargs),
+            self.outage_timeout_s,
+            self.nodes_manager.initialize,
+        )
+
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
+        pipe = super().pipeline(transaction, shard_hint)
+        pipe.__class__ = _OutageTolerantPipeline
+        pipe.outage_timeout_s = self.outage_timeout_s
+        return pipe
+
+
+class _OutageTolerantPipeline(ClusterPipeline):
+    outage_timeout_s = 0.0
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        """The commands, with those that met an outage sent again (only those: a node that
+        answered must not read or write twice) until they go through or the outage outlasts
+        ``outage_timeout_s``; then as redis-py's ``execute``."""
+        queued = [(c.args, dict(c.options)) for c in self._execution_strategy.command_queue]
+        results: list[Any] = [None] * len(queued)
+        todo = list(range(len(queued)))
+        sent = False
+
+        def attempt() -> list[Any]:
+            nonlocal todo, sent
+            if sent:  # redis-py empties the pipeline after each attempt
+                for i in todo:
+                    self.pipeline_execute_command(*queued[i][0], **dict(queued[i][1]))
+            sent = True
+            for i, answer in zip(todo, ClusterPipeline.execute(self, False), strict=True):
+                results[i] = answer
+            todo = [i for i in todo if is_cluster_outage_result(results[i])]
+            if todo:
+                raise results[todo[0]]  # to _ride_out: wait, then send those again
+            return results
+
+        _ride_out(attempt, self.outage_timeout_s, self.nodes_manager.initialize)
+        if raise_on_error:
+            for result in results:
+                if isinstance(result, Exception):
+                    raise result
+        return results
+
+
+def is_cluster_outage_result(result: Any) -> bool:
+    return isinstance(result, Exception) and is_cluster_outage(result)
 
 
 class NotACluster(redis.RedisError):
@@ -82,8 +208,10 @@ class _StreamKeysParser(CommandsParser):
         if command in ("EVAL", "EVALSHA"):
             return list(args[3 : 3 + int(args[2])])
         if command in ("XREAD", "XREADGROUP"):
+            # after GROUP <group> <consumer>: a group or consumer may be named "streams"
+            first = 4 if command == "XREADGROUP" else 1
             words = [a.upper() if isinstance(a, str | bytes) else a for a in args]
-            at = words.index(b"STREAMS" if b"STREAMS" in words else "STREAMS")
+            at = next(i for i in range(first, len(words)) if words[i] in ("STREAMS", b"STREAMS"))
             streams = args[at + 1 :]
             return list(streams[: len(streams) // 2])
         return super().get_keys(redis_conn, *args)
@@ -142,6 +270,8 @@ def read_streams(
         if group is None:
             return client.xread(dict(streams), count=count, block=block_ms)
         return client.xreadgroup(group, consumer, dict(streams), count=count, block=block_ms)
+    if block_ms == 0:
+        raise ValueError("block_ms=0 (forever) is not supported")
     deadline = None if block_ms is None else time.monotonic() + block_ms / 1000
     while True:
         pipe = client.pipeline(transaction=False)
@@ -151,14 +281,45 @@ def read_streams(
             else:
                 pipe.xreadgroup(group, consumer, {key: entry_id}, count=count)
         results = pipe.execute(raise_on_error=False)  # errors as Redis wrote them (NOGROUP)
-        for result in results:
-            if isinstance(result, Exception):
-                raise result
-        reply = [item for result in results for item in result or []]
+        reply = [item for r in results if not isinstance(r, Exception) for item in r or []]
+        errors = {
+            key: r for key, r in zip(streams, results, strict=True) if isinstance(r, Exception)
+        }
+        if errors:
+            missing = [key for key, error in errors.items() if is_nogroup(error)]
+            if len(missing) < len(errors):
+                raise next(e for e in errors.values() if not is_nogroup(e))
+            # the other streams' reads went through: their entries are pending on the reader
+            # now and must not be thrown away with the error
+            raise GroupsMissing(missing, reply)
         left = None if deadline is None else deadline - time.monotonic()
         if reply or left is None or left <= 0:
             return reply
         time.sleep(min(CLUSTER_POLL_S, left))
+
+
+class GroupsMissing(redis.ResponseError):
+    """NOGROUP on a cluster: some streams lost their group (a node restarted without its
+    data), the others were read; ``reply`` is what they gave."""
+
+    def __init__(self, keys: list[str], reply: list[Any]):
+        super().__init__(f"NOGROUP no consumer group on {', '.join(keys)}")
+        self.keys = keys
+        self.reply = reply
+
+
+def server_time_ms(client: Any, key: str | None = None) -> int:
+    """Redis's clock in ms: on a cluster, that of the node holding ``key`` (the clock its
+    stream ids and scripts use), or without a key the earliest of every primary's."""
+    if not is_cluster(client):
+        seconds, micros = client.time()
+        return seconds * 1000 + micros // 1000
+    if key is not None:
+        nodes = [client.get_node_from_key(key)]
+    else:
+        nodes = client.get_primaries()
+    times = [client.execute_command("TIME", target_nodes=node) for node in nodes]
+    return min(int(seconds) * 1000 + int(micros) // 1000 for seconds, micros in times)
 
 
 def refuses_as_cluster(error: BaseException) -> bool:

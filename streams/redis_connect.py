@@ -19,8 +19,6 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from streams.redis_cluster import connect_cluster
-
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -107,6 +105,8 @@ def connect(
     if not url.startswith("unix:"):
         options["socket_keepalive"] = True
     if cluster:
+        from streams.redis_cluster import connect_cluster  # it builds on this module
+
         # a RedisCluster client is no redis.Redis, but answers every command framebatch uses
         return connect_cluster(  # type: ignore[return-value]
             url, reconnect_timeout_s=0.0 if fail_fast else reconnect_timeout_s, **options

@@ -34,7 +34,7 @@ from streams.messages import (
     LedgerEntry,
     message_kind,
 )
-from streams.redis_cluster import read_streams
+from streams.redis_cluster import GroupsMissing, read_streams
 from streams.redis_connect import is_nogroup
 from streams.transport import FrameDecoder, TransportLost
 
@@ -166,7 +166,8 @@ class FrameReader:
             except redis.ResponseError as exc:
                 if not is_nogroup(exc):
                     raise
-                self._recreate_groups()  # Redis restarted empty while the model loaded
+                # Redis (this key's node, on a cluster) restarted empty while the model loaded
+                self._recreate_groups([key])
                 continue
             claimed += taken
             if trimmed:
@@ -259,6 +260,9 @@ class FrameReader:
                 count=count,
                 block_ms=block_ms,
             )
+        except GroupsMissing as exc:  # a cluster node lost its data; the others' reads came
+            self._recreate_groups(exc.keys)
+            reply = exc.reply
         except redis.ResponseError as exc:
             if not is_nogroup(exc):
                 raise
@@ -309,22 +313,25 @@ class FrameReader:
             position = replace(position, entry_id=claimed.entry_id)
         return position
 
-    def _recreate_groups(self) -> None:
+    def _recreate_groups(self, keys: list[str] | None = None) -> None:
         """Redis restarted without its data: the streams and the group are gone.  Make the
         group again from the start of each stream (decoders may have re-created a stream
-        already) and count the frames Redis lost at each camera's next gap."""
+        already) and count the frames Redis lost at each camera's next gap.  ``keys``: the
+        streams that lost their group (on a cluster, those of the node that restarted);
+        default every stream."""
         log.warning(
             "Redis lost its data (a restart without persistence?): consumer group re-created; "
             "frames it held are counted as redis_lost"
         )
-        for key in self._read_ids:
+        keys = list(self._read_ids) if keys is None else [k for k in keys if k in self._read_ids]
+        for key in keys:
             try:
                 self._redis.xgroup_create(key, FRAMES_GROUP, id="0", mkstream=True)
             except redis.ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise
             self._read_ids[key] = ">"  # our pending list went with it
-        self._accounting.on_redis_lost(self._cameras)
+        self._accounting.on_redis_lost([self._camera_of[key] for key in keys])
 
     def _receive(
         self, key: str, entry_id: bytes, fields: dict[bytes, bytes]

@@ -9,6 +9,8 @@ import random
 import socket
 import time
 from contextlib import ExitStack
+from pathlib import Path
+from tempfile import TemporaryDirectory
 
 import redis
 from redis.cluster import key_slot
@@ -45,19 +47,19 @@ class LocalRedisCluster:
     def __init__(self, masters: int = 3):
         self._masters = masters
         self._stack = ExitStack()
+        self._nodes: list[EmbeddedRedis] = []
         self.ports: list[int] = []
         self.url = ""
 
     def __enter__(self) -> LocalRedisCluster:
         try:
+            # each node's cluster config outlives the node (restarts); its data does not
+            self._config_dir = Path(self._stack.enter_context(TemporaryDirectory()))
             self.ports = _ports(self._masters)
-            for port in self.ports:
-                self._stack.enter_context(
-                    EmbeddedRedis(
-                        port=port,
-                        extra_args=("--cluster-enabled", "yes", "--cluster-node-timeout", "2000"),
-                    )
-                )
+            self._nodes = [self._node(port) for port in self.ports]
+            for node in self._nodes:
+                node.start()
+                self._stack.callback(node.stop)
             self._join()
         except BaseException:
             self._stack.close()
@@ -75,17 +77,47 @@ class LocalRedisCluster:
             client.execute_command("CLUSTER ADDSLOTSRANGE", bounds[i], bounds[i + 1] - 1)
             if i:
                 client.execute_command("CLUSTER MEET", "127.0.0.1", self.ports[0])
+            client.close()
+        self._wait_ok()
+
+    def _wait_ok(self) -> None:
+        """Until every node sees every node and every slot served."""
+        clients = [redis.Redis(port=p) for p in self.ports]
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            infos = [c.execute_command("CLUSTER INFO") for c in clients]
-            if all(_field(info, "cluster_state") == "ok" for info in infos) and all(
-                _field(info, "cluster_known_nodes") == str(self._masters) for info in infos
-            ):
-                for client in clients:
-                    client.close()
-                return
-            time.sleep(0.1)
+        try:
+            while time.monotonic() < deadline:
+                infos = [c.execute_command("CLUSTER INFO") for c in clients]
+                if all(_field(info, "cluster_state") == "ok" for info in infos) and all(
+                    _field(info, "cluster_known_nodes") == str(self._masters) for info in infos
+                ):
+                    return
+                time.sleep(0.1)
+        finally:
+            for client in clients:
+                client.close()
         raise RuntimeError(f"the cluster did not come up in {READY_TIMEOUT_S:.0f} s: {infos}")
+
+    def _node(self, port: int) -> EmbeddedRedis:
+        config = self._config_dir / f"nodes-{port}.conf"
+        return EmbeddedRedis(
+            port=port,
+            extra_args=(
+                *("--cluster-enabled", "yes", "--cluster-node-timeout", "2000"),
+                *("--cluster-config-file", str(config)),
+            ),
+        )
+
+    def stop_node(self, index: int) -> None:
+        """Stop one master (its slots are down: the cluster refuses commands to them, and to
+        every slot once the others have noticed)."""
+        self._nodes[index].stop()
+
+    def start_node(self, index: int) -> None:
+        """Start a stopped master again, without its data, in its place in the cluster."""
+        self._nodes[index] = self._node(self.ports[index])
+        self._nodes[index].start()
+        self._stack.callback(self._nodes[index].stop)
+        self._wait_ok()
 
     def refusals(self) -> dict[str, int]:
         """How often the nodes refused a command as sent to the wrong slot or node (CROSSSLOT,

@@ -105,6 +105,8 @@ def test_writes_that_stand_alone_share_one_plain_pipeline_on_a_cluster(monkeypat
         ("XREADGROUP", b"GROUP", "g", "c", b"COUNT", 4, b"STREAMS", "k1", "k2", ">", ">"),
         ("XREAD", "COUNT", 1, "BLOCK", 5, "STREAMS", "k1", "k2", "0", "0"),
         ("EVAL", "return 1", 2, "k1", "k2", "arg"),
+        # a group and a consumer may be called "streams"
+        ("XREADGROUP", "GROUP", "streams", "STREAMS", "STREAMS", "k1", "k2", ">", ">"),
     ],
 )
 def test_the_keys_of_reads_and_scripts_are_found_without_asking_redis(args):
