@@ -16,7 +16,7 @@ demo: setup
 	.venv/bin/python -m samples.demo
 
 test: setup-tests
-	.venv/bin/ruff check pipeline streams detectors samples tests
+	.venv/bin/ruff check pipeline streams detectors framebatch_tools samples tests
 	YOLO_CONFIG_DIR=$(CURDIR)/.venv/yolo-config YOLO_OFFLINE=1 .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15
 
 bench: setup

@@ -27,10 +27,23 @@ from pydantic import ValidationError
 
 from detectors.base import BackendUnavailable
 from detectors.detector import Detector
-from pipeline.accounting import Accounting
-from pipeline.batch_worker import BatchWorker
 from pipeline.batching import CameraRules
-from pipeline.builders import (
+from pipeline.config import MAX_CAMERAS_PER_DAEMON, CameraConfig, Config
+from pipeline.config.errors import ConfigError, format_validation_errors
+from pipeline.errors import BadInput, FramebatchError, RedisUnavailable, RunFailed, StageFailed
+from pipeline.leases.camera_leases import CameraLeases, lease_probes, worker_alive
+from pipeline.leases.keeper import LeaseKeeper
+from pipeline.ledger.accounting import Accounting
+from pipeline.ledger.acks import FrameAcks
+from pipeline.ledger.earlier_runs import drain
+from pipeline.ledger.summary import RunSummary
+from pipeline.serve.control import CameraConflict, CameraNotFound, CameraStates, CameraView, Control
+from pipeline.serve.http import HttpServer, bind, build_app
+from pipeline.serve.live_view import LiveFrames
+from pipeline.serve.metrics import PrometheusTelemetry, StateCollector
+from pipeline.stages.lifecycle import is_redis_outage
+from pipeline.stages.worker import BatchWorker
+from pipeline.supervisor.builders import (
     batching_policy,
     camera_rules,
     check_run_mode,
@@ -43,19 +56,6 @@ from pipeline.builders import (
     time_batches,
     transport_spec,
 )
-from pipeline.config import MAX_CAMERAS_PER_DAEMON, CameraConfig, Config
-from pipeline.config_errors import ConfigError, format_validation_errors
-from pipeline.control import CameraConflict, CameraNotFound, CameraStates, CameraView, Control
-from pipeline.earlier_runs import drain
-from pipeline.errors import BadInput, FramebatchError, RedisUnavailable, RunFailed, StageFailed
-from pipeline.frame_acks import FrameAcks
-from pipeline.http_api import HttpServer, bind, build_app
-from pipeline.lease_keeper import LeaseKeeper
-from pipeline.leases import CameraLeases, lease_probes, worker_alive
-from pipeline.live_view import LiveFrames
-from pipeline.metrics import PrometheusTelemetry, StateCollector
-from pipeline.stages.lifecycle import is_redis_outage
-from pipeline.summary import RunSummary
 from pipeline.telemetry import NO_TELEMETRY, GuardedTelemetry, Telemetry
 from streams.decode_worker import DecoderSpec, ProcessFlag, run_decoder_process
 from streams.embedded_redis import EmbeddedRedis, RedisServerError

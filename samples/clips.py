@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.tools.downloads import (
+from detectors.downloads import (
     FetchError,
     download_verified,
     has_sha256,

@@ -17,7 +17,7 @@ import redis
 
 from pipeline.config import ConfigError, load_config
 from pipeline.daemon import Pipeline
-from pipeline.summary import RunSummary
+from pipeline.ledger.summary import RunSummary
 from streams.consumer import DetectionConsumer
 from streams.embedded_redis import EmbeddedRedis
 from streams.keys import StreamKeys

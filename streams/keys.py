@@ -51,7 +51,7 @@ class StreamKeys:
 
     def workers(self) -> str:
         """Sorted set of the live detector workers, scored by when their heartbeat runs out
-        (``pipeline.leases``)."""
+        (``pipeline.leases.camera_leases``)."""
         return f"{self.prefix}:workers"
 
     def lease(self, camera: str) -> str:

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from detectors.detector import Detector
 from detectors.postprocess import ImageDetections
 from detectors.preprocess import LetterboxGeometry
-from pipeline.accounting import Accounting
-from pipeline.frame_acks import FrameAcks
+from pipeline.ledger.accounting import Accounting
+from pipeline.ledger.acks import FrameAcks
 from pipeline.stages.batches import InferredBatch
 from pipeline.stages.lifecycle import Handoff
 from pipeline.telemetry import NO_TELEMETRY, DetectedFrame, Telemetry

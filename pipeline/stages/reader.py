@@ -19,10 +19,10 @@ from dataclasses import dataclass, field, replace
 import redis
 
 from detectors.detector import Detector
-from pipeline.accounting import Accounting
 from pipeline.batching import BatchPolicy, CameraRules, Dropped, Queued
-from pipeline.earlier_runs import EarlierRuns, claim_pending
-from pipeline.frame_acks import FrameAcks
+from pipeline.ledger.accounting import Accounting
+from pipeline.ledger.acks import FrameAcks
+from pipeline.ledger.earlier_runs import EarlierRuns, claim_pending
 from pipeline.stages.batches import PendingFrame, PreparedBatch
 from pipeline.stages.inferer import InferenceMeter
 from pipeline.stages.lifecycle import Handoff, Lifecycle

@@ -14,12 +14,12 @@ import pytest
 from detectors.base import BatchOutput, ModelInfo
 from detectors.detector import Detector
 from detectors.postprocess import Thresholds
-from pipeline.accounting import Accounting
-from pipeline.batch_worker import BatchWorker
+from framebatch_tools.audit import audit
 from pipeline.batching import make_policy
 from pipeline.errors import StageFailed
+from pipeline.ledger.accounting import Accounting
+from pipeline.stages.worker import BatchWorker
 from pipeline.telemetry import Telemetry
-from pipeline.tools.audit import audit
 from streams.keys import FRAMES_GROUP, StreamKeys
 from streams.messages import EndOfStream, FrameMessage
 from streams.sinks import SinkContext, SinkGroup, open_sinks

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from pipeline.leases import CameraLeases, rendezvous_owner, worker_alive
+from pipeline.leases.camera_leases import CameraLeases, rendezvous_owner, worker_alive
 from streams.keys import StreamKeys
 
 CAMERAS = [f"cam{i}" for i in range(24)]

@@ -201,7 +201,7 @@ def test_gpu_bench_script_runs_on_the_cpu(exported, tmp_path, redis_url):
     GPU is lent: every figure is measured and the replay processes every frame."""
     import argparse
 
-    from pipeline.tools.bench_gpu import add_arguments, main
+    from framebatch_tools.bench.gpu import add_arguments, main
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from pipeline.tools import bench_scale
+from framebatch_tools.bench import scale as bench_scale
 
 pytestmark = pytest.mark.integration
 

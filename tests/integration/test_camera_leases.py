@@ -12,8 +12,8 @@ import time
 import pytest
 import redis
 
-from pipeline.leases import rendezvous_owner
-from pipeline.tools.audit import audit
+from framebatch_tools.audit import audit
+from pipeline.leases.camera_leases import rendezvous_owner
 from streams.embedded_redis import EmbeddedRedis
 from streams.keys import StreamKeys
 from streams.messages import DetectionMessage

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.tools.chaos import Chaos, default_cameras
+from framebatch_tools.chaos.faults import Chaos, default_cameras
 from streams.rtsp_replay import rtsp_server_available
 from tests.conftest import ASSETS, MODEL, SAMPLE_CLIPS
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.builders import load_detector, shard_cameras
 from pipeline.config import parse_config
 from pipeline.daemon import Pipeline
+from pipeline.supervisor.builders import load_detector, shard_cameras
 from streams.keys import StreamKeys
 from tests.conftest import MODEL, SAMPLE_CLIPS, VIDEOS
 from tests.integration.runner import published

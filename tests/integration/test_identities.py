@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from pipeline.tools.audit import audit
+from framebatch_tools.audit import audit
 from streams.consumer import DetectionConsumer
 from streams.keys import FRAMES_GROUP, StreamKeys
 from streams.messages import DetectionMessage, EndOfStream, FrameMessage, LedgerEntry, Timestamps

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from pipeline.builders import decode_threads
+from framebatch_tools.audit import audit
 from pipeline.config import load_config
-from pipeline.tools.audit import audit
+from pipeline.supervisor.builders import decode_threads
 from streams.consumer import DetectionConsumer
 from streams.embedded_redis import free_tcp_port
 from streams.keys import StreamKeys

@@ -18,8 +18,8 @@ import pytest
 from detectors.backends import load_backend, takes_any_size
 from detectors.detector import Detector
 from detectors.postprocess import Thresholds
-from pipeline.builders import frame_letterbox
 from pipeline.config import parse_config
+from pipeline.supervisor.builders import frame_letterbox
 from tests.conftest import MODEL, MODEL_ANY_SIZE, SAMPLE_CLIPS, VIDEOS
 from tests.integration.matching import unmatched
 from tests.integration.runner import published, run_until_done, write_config

@@ -15,8 +15,8 @@ import pytest
 import redis
 from redis.cluster import key_slot
 
-from pipeline.leases import lease_probes
-from pipeline.tools.local_cluster import LocalRedisCluster
+from framebatch_tools.local_cluster import LocalRedisCluster
+from pipeline.leases.camera_leases import lease_probes
 from streams.keys import StreamKeys
 from streams.redis_access import check_access
 from streams.redis_cluster import GroupsMissing, SlotTransactions, read_streams

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from pipeline.tools.audit import audit
+from framebatch_tools.audit import audit
 from streams.consumer import DetectionConsumer
 from streams.embedded_redis import EmbeddedRedis, free_tcp_port
 from streams.keys import StreamKeys

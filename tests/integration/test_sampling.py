@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.tools.audit import audit
+from framebatch_tools.audit import audit
 from streams.keys import StreamKeys
 from tests.conftest import MODEL, VIDEOS
 from tests.integration.runner import published, run_until_done, write_config

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from pipeline.tools.audit import audit
+from framebatch_tools.audit import audit
 from streams.keys import StreamKeys
 from tests.conftest import MODEL
 from tests.integration.netns import Hosts, netns_available

@@ -19,7 +19,7 @@ from pathlib import Path
 import av
 import pytest
 
-from pipeline.tools.audit import audit
+from framebatch_tools.audit import audit
 from streams.keys import StreamKeys
 from streams.shm_ring import SHM_DIR, ShmRing, segment_name, segment_pid
 from streams.transport import host_id

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.accounting import Accounting
-from pipeline.summary import percentile
+from pipeline.ledger.accounting import Accounting
+from pipeline.ledger.summary import percentile
 from streams.messages import CameraPosition
 
 

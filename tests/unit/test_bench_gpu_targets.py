@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.tools.bench_gpu import missed_targets
+from framebatch_tools.bench.gpu import missed_targets
 
 
 def test_missed_and_unmeasured_targets_are_named() -> None:

@@ -21,8 +21,8 @@ from pipeline.config import (
     format_validation_errors,
     load_config,
     parse_config,
-    redact_url,
 )
+from streams.urls import redact_url
 
 BASE = Path("/etc/framebatch")
 SECRET = "hunter2"

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from pipeline.builders import transport_spec
 from pipeline.config import Config, TransportConfig, parse_config
+from pipeline.supervisor.builders import transport_spec
 from tests.unit.test_config import BASE, MINIMAL, merged, parse_errors
 
 

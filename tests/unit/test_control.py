@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from pipeline.accounting import Accounting
-from pipeline.control import CameraConflict, CameraStates, Control
-from pipeline.progress import render
+from pipeline.cli.progress import render
+from pipeline.ledger.accounting import Accounting
+from pipeline.serve.control import CameraConflict, CameraStates, Control
 from streams.keys import StreamKeys
 
 
@@ -117,7 +117,7 @@ def test_a_request_that_times_out_is_never_carried_out_later():
 
 
 def test_the_host_header_names_a_loopback_client_or_not():
-    from pipeline.http_api import LOOPBACK_NAMES, host_name
+    from pipeline.serve.http import LOOPBACK_NAMES, host_name
 
     local = ["127.0.0.1:9108", "localhost:9108", "[::1]:9108", "localhost", "[::1]"]
     assert all(host_name(h) in LOOPBACK_NAMES for h in local)

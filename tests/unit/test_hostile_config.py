@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import MAX_CAMERAS_PER_DAEMON, ConfigError, load_config
-from pipeline.config_yaml import MAX_CONFIG_BYTES, MAX_DEPTH, MAX_EXPANDED_NODES
+from pipeline.config.loading import MAX_CONFIG_BYTES, MAX_DEPTH, MAX_EXPANDED_NODES
 
 VALID = "model: {path: m.onnx}\ncameras: [{id: a, url: a.mp4}]\n"
 

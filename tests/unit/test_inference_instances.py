@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from detectors.base import ModelInfo
-from pipeline.builders import inference_instances, run_shape
 from pipeline.config import parse_config
+from pipeline.supervisor.builders import inference_instances, run_shape
 from tests.unit.test_config import MINIMAL, merged
 
 

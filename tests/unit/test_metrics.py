@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from detectors.postprocess import ImageDetections
 from detectors.preprocess import LetterboxGeometry
-from pipeline.metrics import DetectorUtilization, PrometheusTelemetry, StateCollector
+from pipeline.serve.metrics import DetectorUtilization, PrometheusTelemetry, StateCollector
 from pipeline.telemetry import DetectedFrame
 from streams.messages import Timestamps
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from detectors.preprocess import Letterbox
-from pipeline.tools.bench_shapes import crop_4_3, pad_to
+from framebatch_tools.bench.shapes import crop_4_3, pad_to
 
 
 @pytest.mark.parametrize("size", [(960, 540), (1920, 1080), (768, 432), (1280, 721)])

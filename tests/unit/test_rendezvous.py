@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from pipeline.leases import rendezvous_owner
+from pipeline.leases.camera_leases import rendezvous_owner
 
 CAMERAS = [f"cam{i}" for i in range(2000)]
 

@@ -10,11 +10,9 @@ import math
 
 import pytest
 
-from pipeline.batching import POLICIES
-from pipeline.cli import build_parser
-from pipeline.tools.profiles import PROFILES, ServiceProfile, get_profile
-from pipeline.tools.simulate import DROP_CAUSES, SimCamera, SimSettings, simulate
-from pipeline.tools.simulate_sweep import (
+from framebatch_tools.simulate.profiles import PROFILES, ServiceProfile, get_profile
+from framebatch_tools.simulate.simulator import DROP_CAUSES, SimCamera, SimSettings, simulate
+from framebatch_tools.simulate.sweep import (
     Mix,
     check_targets,
     format_table,
@@ -24,6 +22,8 @@ from pipeline.tools.simulate_sweep import (
     sweep_points,
     write_csv,
 )
+from pipeline.batching import POLICIES
+from pipeline.cli import build_parser
 
 # a detector without noise: t(b) = 10 ms + 5 ms * b
 EXACT = ServiceProfile(name="exact", kind="model", source="test", a_s=0.010, c_s=0.005)

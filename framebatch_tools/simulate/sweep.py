@@ -31,8 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.tools.profiles import PROFILES, get_profile
-from pipeline.tools.simulate import Mix, SimSettings, decisions_bench, make_cameras, simulate
+from framebatch_tools.simulate.profiles import PROFILES, get_profile
+from framebatch_tools.simulate.simulator import (
+    Mix,
+    SimSettings,
+    decisions_bench,
+    make_cameras,
+    simulate,
+)
 
 EXIT_OK, EXIT_TARGETS_MISSED = 0, 1
 ADAPTIVE_WAIT_MS = 50.0  # the daemon's default batching.max_wait_ms (adaptive's window cap)

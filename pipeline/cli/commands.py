@@ -97,7 +97,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_with_progress(pipeline):
     """The run with a progress bar per camera on the terminal, log lines above them."""
-    from pipeline.progress import ProgressBars, expected_frames
+    from pipeline.cli.progress import ProgressBars, expected_frames
 
     totals = {camera.id: expected_frames(camera) for camera in pipeline.config.cameras}
 
@@ -206,8 +206,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    from pipeline.builders import check_run_mode
     from pipeline.config import ConfigError, load_config
+    from pipeline.supervisor.builders import check_run_mode
 
     try:
         config = load_config(args.config)
@@ -220,23 +220,23 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.peer:
-        from pipeline.tools.bench_peer import run_bench_peer
+        from framebatch_tools.bench.peer import run_bench_peer
 
         args.config = args.config or "configs/bench-peer.yaml"
         return run_bench_peer(args)
     if args.mixed_shapes:
-        from pipeline.tools.bench_shapes import run_bench_shapes
+        from framebatch_tools.bench.shapes import run_bench_shapes
 
         args.config = args.config or "configs/bench-peer.yaml"  # its model takes any H×W
         return run_bench_shapes(args)
-    from pipeline.tools.bench import run_bench
+    from framebatch_tools.bench.pipeline import run_bench
 
     args.config = args.config or "configs/bench.yaml"
     return run_bench(args)
 
 
 def cmd_bench_transport(args: argparse.Namespace) -> int:
-    from pipeline.tools.bench_transport import run_bench_transport
+    from framebatch_tools.bench.transport import run_bench_transport
 
     return run_bench_transport(args)
 
@@ -271,19 +271,19 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from pipeline.tools.models import run_models
+    from pipeline.cli.models import run_models
 
     return run_models(args)
 
 
 def cmd_bench_gpu(args: argparse.Namespace) -> int:
-    from pipeline.tools.bench_gpu import main as bench_gpu
+    from framebatch_tools.bench.gpu import main as bench_gpu
 
     return bench_gpu(args)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from pipeline.tools.simulate_sweep import run_simulate
+    from framebatch_tools.simulate.sweep import run_simulate
 
     return run_simulate(args)
 
@@ -291,10 +291,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_drain(args: argparse.Namespace) -> int:
     import redis
 
-    from pipeline.accounting import Accounting
     from pipeline.config import ConfigError, load_config
-    from pipeline.earlier_runs import drain
-    from pipeline.frame_acks import FrameAcks
+    from pipeline.ledger.accounting import Accounting
+    from pipeline.ledger.acks import FrameAcks
+    from pipeline.ledger.earlier_runs import drain
     from streams.keys import StreamKeys
     from streams.redis_access import describe_redis_error
     from streams.redis_connect import connect
@@ -329,7 +329,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
 
 def cmd_chaos(args: argparse.Namespace) -> int:
-    from pipeline.tools.chaos import main as chaos
+    from framebatch_tools.chaos.faults import main as chaos
 
     return chaos(args)
 
@@ -471,8 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_gpu = commands.add_parser(
         "bench-gpu", help="the device path piece by piece (batch sizes, FP16, buffering, graphs)"
     )
-    from pipeline.tools.bench_gpu import add_arguments as add_bench_gpu_arguments
-    from pipeline.tools.models import add_models_arguments
+    from framebatch_tools.bench.gpu import add_arguments as add_bench_gpu_arguments
+    from pipeline.cli.models import add_models_arguments
 
     add_bench_gpu_arguments(bench_gpu)
     bench_gpu.set_defaults(handler=cmd_bench_gpu)
@@ -552,7 +552,7 @@ def build_parser() -> argparse.ArgumentParser:
         "chaos",
         help="inject seeded faults (kills, Redis and RTSP restarts) and audit every frame",
     )
-    from pipeline.tools.chaos import add_arguments as add_chaos_arguments
+    from framebatch_tools.chaos.faults import add_arguments as add_chaos_arguments
 
     add_chaos_arguments(chaos)
     chaos.set_defaults(handler=cmd_chaos)

@@ -33,16 +33,16 @@ import redis
 from detectors.base import BatchOutput
 from detectors.detector import Detector
 from detectors.preprocess import Letterbox, Letterboxed
-from pipeline.builders import (
+from framebatch_tools.bench.report import format_report
+from pipeline.config import Config, ConfigError, load_config
+from pipeline.daemon import Pipeline
+from pipeline.supervisor.builders import (
     check_run_mode,
     decode_threads,
     frame_letterbox,
     load_detector,
     transport_spec,
 )
-from pipeline.config import Config, ConfigError, load_config
-from pipeline.daemon import Pipeline
-from pipeline.tools.bench_report import format_report
 from streams.embedded_redis import EmbeddedRedis, RedisServerError
 from streams.keys import FRAMES_GROUP, StreamKeys
 from streams.messages import Detection, DetectionMessage, FrameMessage, Timestamps

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from pipeline.frame_acks import FENCED_POSITION
+from pipeline.ledger.acks import FENCED_POSITION
 from streams.keys import StreamKeys
 from streams.redis_cluster import server_time_ms
 

@@ -8,13 +8,17 @@ size *with aliases expanded* is counted on the node graph before anything is bui
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
-from pipeline.config_errors import line_at
+from pipeline.config.errors import ConfigError, clip, format_validation_errors, line_at
+from pipeline.config.schema import Config
 
 _ENV_REF = re.compile(r"\$\$\{|\$\{([^}]*)\}|\$\{")
 _ENV_BODY = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?", re.DOTALL)
@@ -135,3 +139,50 @@ def interpolate(
     if isinstance(node, list):
         return [interpolate(v, environ, (*loc, i), errors) for i, v in enumerate(node)]
     return node
+
+
+def parse_config(
+    data: Any,
+    *,
+    base_dir: str | Path,
+    source: str = "<config>",
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Interpolate and validate parsed YAML ``data``; relative paths are joined to ``base_dir``."""
+    if not isinstance(data, Mapping):
+        got = "nothing (empty file)" if data is None else type(data).__name__
+        raise ConfigError([f"the config must be a mapping of settings, got {got}"], source)
+    errors: list[str] = []
+    data = interpolate(data, os.environ if environ is None else environ, (), errors)
+    if errors:
+        raise ConfigError(errors, source)
+    try:
+        return Config.model_validate(data, context={"base_dir": Path(base_dir)})
+    except ValidationError as exc:
+        raise ConfigError(format_validation_errors(exc, Config), source) from None
+
+
+def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -> Config:
+    """Read, interpolate, resolve and validate a YAML config file; raises :class:`ConfigError`."""
+    path = Path(path)
+    try:
+        with path.open("rb") as file:
+            raw = file.read(MAX_CONFIG_BYTES + 1)  # a device or FIFO can be endless
+        if len(raw) > MAX_CONFIG_BYTES:
+            message = f"larger than {MAX_CONFIG_BYTES // 1024} KiB: not a framebatch config"
+            raise ConfigError([message], str(path))
+        text = raw.decode("utf-8")
+    except FileNotFoundError:
+        raise ConfigError([f"file not found: {path}"], str(path)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([f"cannot read file: {clip(str(exc))}"], str(path)) from None
+    try:
+        data = yaml.load(text, Loader=StrictLoader)  # a SafeLoader subclass: no arbitrary objects
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        context = f" ({exc.context})" if exc.context else ""
+        raise ConfigError([f"invalid YAML{where}: {exc.problem}{context}"], str(path)) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"invalid YAML: {exc}"], str(path)) from None
+    return parse_config(data, base_dir=path.absolute().parent, source=str(path), environ=environ)

@@ -13,7 +13,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 
-from pipeline.summary import CameraSummary, RunSummary, percentile
+from pipeline.ledger.summary import CameraSummary, RunSummary, percentile
 from pipeline.telemetry import NO_TELEMETRY, Telemetry
 from streams.messages import CameraPosition, LedgerEntry
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import redis
 
-from pipeline.accounting import Accounting
-from pipeline.frame_acks import FrameAcks
+from pipeline.ledger.accounting import Accounting
+from pipeline.ledger.acks import FrameAcks
 from streams.keys import FRAMES_GROUP, StreamKeys
 from streams.messages import (
     DetectionMessage,

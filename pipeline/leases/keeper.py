@@ -18,11 +18,11 @@ from collections.abc import Callable
 
 import redis
 
-from pipeline.accounting import Accounting
 from pipeline.batching import CameraRules
-from pipeline.earlier_runs import claim_pending
-from pipeline.frame_acks import FrameAcks
-from pipeline.leases import CameraLeases
+from pipeline.leases.camera_leases import CameraLeases
+from pipeline.ledger.accounting import Accounting
+from pipeline.ledger.acks import FrameAcks
+from pipeline.ledger.earlier_runs import claim_pending
 from pipeline.stages.reader import CameraChange, CameraChanges
 from streams.keys import StreamKeys
 from streams.messages import CameraPosition, LedgerEntry

@@ -28,9 +28,9 @@ from detectors.accuracy import compare_detections
 from detectors.detector import Detector
 from detectors.postprocess import ImageDetections
 from detectors.preprocess import PAD_VALUE, Letterbox, Letterboxed, LetterboxGeometry
-from pipeline.builders import frame_letterbox, load_detector
+from framebatch_tools.bench.pipeline import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, machine_info
 from pipeline.config import ConfigError, load_config
-from pipeline.tools.bench import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, machine_info
+from pipeline.supervisor.builders import frame_letterbox, load_detector
 from streams.sources import SourceError, VideoSource
 
 FRAMES_PER_ASPECT = 32

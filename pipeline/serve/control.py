@@ -20,8 +20,8 @@ from typing import Any
 
 import redis
 
-from pipeline.accounting import Accounting
-from pipeline.summary import CameraSummary
+from pipeline.ledger.accounting import Accounting
+from pipeline.ledger.summary import CameraSummary
 from streams.keys import StreamKeys
 from streams.urls import redact_url
 

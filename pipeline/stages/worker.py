@@ -21,10 +21,10 @@ from collections.abc import Callable
 import redis
 
 from detectors.detector import Detector
-from pipeline.accounting import Accounting
 from pipeline.batching import BatchPolicy
 from pipeline.errors import StageFailed
-from pipeline.frame_acks import FrameAcks
+from pipeline.ledger.accounting import Accounting
+from pipeline.ledger.acks import FrameAcks
 from pipeline.stages.batches import InferredBatch, PendingFrame, PreparedBatch
 from pipeline.stages.inferer import InferenceMeter, Inferer
 from pipeline.stages.lifecycle import Handoff, Lifecycle

@@ -32,12 +32,12 @@ from typing import Any
 
 import yaml
 
-from pipeline.accounting import Accounting
+from framebatch_tools.audit import CameraAudit, audit_entries
+from framebatch_tools.chaos.report import ChaosReport, FaultResult
 from pipeline.config import RedisConfig
-from pipeline.earlier_runs import drain
-from pipeline.frame_acks import FrameAcks
-from pipeline.tools.audit import CameraAudit, audit_entries
-from pipeline.tools.chaos_report import ChaosReport, FaultResult
+from pipeline.ledger.accounting import Accounting
+from pipeline.ledger.acks import FrameAcks
+from pipeline.ledger.earlier_runs import drain
 from streams.embedded_redis import EmbeddedRedis, free_tcp_port
 from streams.keys import StreamKeys
 from streams.lifeline import tied_to_parent

@@ -1,4 +1,4 @@
-"""The framebatch config: pydantic models, YAML loading, ``${VAR}`` interpolation, readable errors.
+"""The framebatch config's pydantic models: every setting, its bounds and its description.
 
 Declared once, validated once. Every error is a line ``dotted.path: message`` and no message
 ever shows a password from a URL. Validators do no I/O: relative paths are joined to the
@@ -7,19 +7,15 @@ config file's folder (passed as validation context ``base_dir``) but never check
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Literal, Union
 from urllib.parse import unquote, urlsplit
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -27,21 +23,16 @@ from pydantic import (
 
 from detectors.backends import backend_names, suffixes
 from detectors.catalog import KNOWN_MODELS, known_name, model_path
-from pipeline.config_errors import (
-    ConfigError,
+from pipeline.config.errors import (
     Problem,
     clip,
     fail,
     fail_at,
-    format_validation_errors,
 )
-from pipeline.config_yaml import MAX_CONFIG_BYTES, StrictLoader, interpolate
 from streams.redis_connect import DEFAULT_RECONNECT_TIMEOUT_S
 from streams.sinks import DEFAULT_SINK, default_sinks, sink_options_models
 from streams.sources import MAX_FPS, MIN_FPS
 from streams.urls import is_live_url, redact_url, url_scheme
-
-__all__ = ["Config", "ConfigError", "format_validation_errors", "load_config", "parse_config"]
 
 #: Model file suffix -> backend name used by ``backend: auto`` (the detectors' own map).
 MODEL_SUFFIXES: dict[str, str] = suffixes()
@@ -448,7 +439,7 @@ class Config(BaseModel):
     @model_validator(mode="after")
     def _check_sinks(self) -> Config:
         # a restart accounts for an earlier run's frames from the detections streams
-        # (pipeline/earlier_runs.py): without them published frames would count as lost
+        # (pipeline/ledger/earlier_runs.py): without them published frames would count as lost
         if not any(sink.kind == DEFAULT_SINK for sink in self.sinks):
             message = (
                 f"must include {{kind: {DEFAULT_SINK}}}: the accounting of a run after a crash "
@@ -492,53 +483,3 @@ class Config(BaseModel):
                 return camera
         known = ", ".join(c.id for c in self.cameras)
         raise KeyError(f"unknown camera id {camera_id!r} (configured: {known})")
-
-
-# ---------------------------------------------------------------------------- loading
-
-
-def parse_config(
-    data: Any,
-    *,
-    base_dir: str | Path,
-    source: str = "<config>",
-    environ: Mapping[str, str] | None = None,
-) -> Config:
-    """Interpolate and validate parsed YAML ``data``; relative paths are joined to ``base_dir``."""
-    if not isinstance(data, Mapping):
-        got = "nothing (empty file)" if data is None else type(data).__name__
-        raise ConfigError([f"the config must be a mapping of settings, got {got}"], source)
-    errors: list[str] = []
-    data = interpolate(data, os.environ if environ is None else environ, (), errors)
-    if errors:
-        raise ConfigError(errors, source)
-    try:
-        return Config.model_validate(data, context={"base_dir": Path(base_dir)})
-    except ValidationError as exc:
-        raise ConfigError(format_validation_errors(exc, Config), source) from None
-
-
-def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -> Config:
-    """Read, interpolate, resolve and validate a YAML config file; raises :class:`ConfigError`."""
-    path = Path(path)
-    try:
-        with path.open("rb") as file:
-            raw = file.read(MAX_CONFIG_BYTES + 1)  # a device or FIFO can be endless
-        if len(raw) > MAX_CONFIG_BYTES:
-            message = f"larger than {MAX_CONFIG_BYTES // 1024} KiB: not a framebatch config"
-            raise ConfigError([message], str(path))
-        text = raw.decode("utf-8")
-    except FileNotFoundError:
-        raise ConfigError([f"file not found: {path}"], str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError([f"cannot read file: {clip(str(exc))}"], str(path)) from None
-    try:
-        data = yaml.load(text, Loader=StrictLoader)  # a SafeLoader subclass: no arbitrary objects
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        context = f" ({exc.context})" if exc.context else ""
-        raise ConfigError([f"invalid YAML{where}: {exc.problem}{context}"], str(path)) from None
-    except yaml.YAMLError as exc:
-        raise ConfigError([f"invalid YAML: {exc}"], str(path)) from None
-    return parse_config(data, base_dir=path.absolute().parent, source=str(path), environ=environ)

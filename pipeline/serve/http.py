@@ -1,18 +1,19 @@
 """The daemon's HTTP endpoint on ``http.listen``: metrics, health, the camera API, the live view.
 
-* ``GET /metrics``: Prometheus text format (``pipeline.metrics``);
+* ``GET /metrics``: Prometheus text format (``pipeline.serve.metrics``);
 * ``GET /healthz``: 200 while the supervisor ticks (liveness; a batch worker that dies ends
   the run);
   ``GET /readyz``: 200 once the model is loaded and warm and Redis answers (readiness);
 * ``/api/cameras``: list, add (validated as a config's camera), change priority, remove
   (the camera drains: its frames are all processed or counted); OpenAPI at ``/openapi.json``;
-* ``GET /``: the live view (``pipeline/web/index.html``), frames at ``/api/cameras/{id}/frame.jpg``.
+* ``GET /``: the live view (``pipeline/serve/web/index.html``), frames at
+  ``/api/cameras/{id}/frame.jpg``.
 
 With ``http.token`` set, the API and the view need ``Authorization: Bearer <token>`` (the page
 takes it as ``?token=``); without one (loopback only) they take only loopback ``Host`` headers,
 and changes only as ``application/json``. ``/metrics`` and the probes stay open, as Prometheus
 and Kubernetes expect. The server (uvicorn) runs on its own thread; every change to the
-pipeline is carried out by the supervisor's thread (``pipeline.control``).
+pipeline is carried out by the supervisor's thread (``pipeline.serve.control``).
 """
 
 from __future__ import annotations
@@ -38,15 +39,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.config import CameraConfig, ConfigError, split_listen
-from pipeline.config_errors import MAX_LINE, clip
-from pipeline.control import (
+from pipeline.config.errors import MAX_LINE, clip
+from pipeline.serve.control import (
     RECENT_FRAMES,
     CameraConflict,
     CameraNotFound,
     CameraView,
     Control,
 )
-from pipeline.live_view import LiveFrames
+from pipeline.serve.live_view import LiveFrames
 
 log = logging.getLogger(__name__)
 

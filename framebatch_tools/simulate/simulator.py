@@ -6,7 +6,7 @@ over a simulated clock: no Redis, no threads, no sleeps.  Events sit in a heap:
 * a camera's frame arriving at the batcher (each camera: fps, arrival jitter, stalls that
   deliver ``burst_frames`` at once, join/leave times, priority, freshness deadline);
 * the detector finishing a batch (service time from a
-  :class:`~pipeline.tools.profiles.ServiceProfile`);
+  :class:`~framebatch_tools.simulate.profiles.ServiceProfile`);
 * the policy's ``wake_at``.
 
 The policy is polled after every arrival, every completion and at ``wake_at``, with
@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from framebatch_tools.simulate.profiles import PROFILES, ServiceProfile
 from pipeline.batching import CameraRules, make_policy
-from pipeline.tools.profiles import PROFILES, ServiceProfile
 
 _ARRIVAL, _DONE, _WAKE = 0, 1, 2
 DROP_CAUSES = ("stale", "overflow", "superseded")

@@ -1,4 +1,4 @@
-"""Detector workers scaling out: ``python -m pipeline.tools.bench_scale [--workers 1,2,4]
+"""Detector workers scaling out: ``python -m framebatch_tools.bench.scale [--workers 1,2,4]
 [--redis single,cluster]``.
 
 Frames/s through 1, 2 and 4 ``framebatch detect`` workers (real processes, real Redis, real
@@ -37,8 +37,8 @@ from detectors.base import BatchOutput, ModelInfo
 from detectors.detector import Detector
 from detectors.postprocess import InputDetections, Thresholds
 from detectors.preprocess import Letterbox
+from framebatch_tools.local_cluster import LocalRedisCluster
 from pipeline.config import Config, load_config
-from pipeline.tools.local_cluster import LocalRedisCluster
 from streams.decode_worker import DecoderSpec, DecodeWorker
 from streams.embedded_redis import EmbeddedRedis, free_tcp_port
 from streams.keys import StreamKeys
@@ -48,7 +48,7 @@ from streams.sources import DecodedFrame, VideoSource
 IMGSZ = 64  # small frames: Redis and the reader move them, the simulated model ignores them
 CAMERAS = 16
 PREFIX = "scale"
-WORKER_MODULE = "pipeline.tools.bench_scale"  # this module, run as a worker process
+WORKER_MODULE = "framebatch_tools.bench.scale"  # this module, run as a worker process
 
 
 @dataclass(frozen=True)

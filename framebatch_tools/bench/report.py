@@ -1,4 +1,5 @@
-"""The markdown report of ``framebatch bench``, from what :mod:`pipeline.tools.bench` measured.
+"""The markdown report of ``framebatch bench``, from what
+:mod:`framebatch_tools.bench.pipeline` measured.
 
 Everything is in seconds in the figures and in milliseconds here; no measuring happens here.
 """

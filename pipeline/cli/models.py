@@ -21,14 +21,14 @@ from pathlib import Path
 
 from detectors.base import BackendUnavailable
 from detectors.catalog import CACHE_ENV, KNOWN_MODELS, KnownModel, cache_dir, model_path
-from pipeline.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUN_FAILED
-from pipeline.tools.downloads import (
+from detectors.downloads import (
     FetchError,
     download_verified,
     has_sha256,
     link_or_copy,
     shared_assets_dir,
 )
+from pipeline.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUN_FAILED
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MIRROR_ENV = "FRAMEBATCH_MODEL_MIRROR"

@@ -1,4 +1,4 @@
-"""What the telemetry exporters cost a frame: ``python -m pipeline.tools.bench_telemetry``.
+"""What the telemetry exporters cost a frame: ``python -m framebatch_tools.bench.telemetry``.
 
 Feeds the events one frame raises (received, published, its stage times and pixels; one batch
 event in eight) through :class:`GuardedTelemetry` with no exporter, then with the Prometheus
@@ -15,8 +15,8 @@ from prometheus_client import CollectorRegistry
 
 from detectors.postprocess import ImageDetections
 from detectors.preprocess import LetterboxGeometry
-from pipeline.live_view import LiveFrames
-from pipeline.metrics import PrometheusTelemetry
+from pipeline.serve.live_view import LiveFrames
+from pipeline.serve.metrics import PrometheusTelemetry
 from pipeline.telemetry import DetectedFrame, GuardedTelemetry, Telemetry
 from streams.messages import Timestamps
 

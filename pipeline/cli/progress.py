@@ -16,7 +16,7 @@ from typing import TextIO
 import av
 
 from pipeline.config import CameraConfig
-from pipeline.control import CameraView
+from pipeline.serve.control import CameraView
 
 REDRAW_S = 0.5
 BAR_WIDTH = 30

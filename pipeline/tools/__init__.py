@@ -1,1 +1,0 @@
-"""Tools around the pipeline, outside its core: auditing what runs left in Redis, faults."""
