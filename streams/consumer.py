@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 
 import redis
 
+from streams.groups import ensure_group
 from streams.keys import StreamKeys
 from streams.messages import DetectionMessage
 from streams.redis_cluster import GroupsMissing, read_streams
@@ -94,16 +95,8 @@ class DetectionConsumer:
             if key in self._positions:
                 continue
             if self._group is not None:
-                try:
-                    self._redis.xgroup_create(
-                        key,
-                        self._group,
-                        id="0" if self._from_start or not first else "$",
-                        mkstream=True,
-                    )
-                except redis.ResponseError as exc:
-                    if "BUSYGROUP" not in str(exc):
-                        raise
+                start = "0" if self._from_start or not first else "$"
+                ensure_group(self._redis, key, self._group, start=start)
                 self._positions[key] = ">"
             elif self._from_start or not first:
                 self._positions[key] = (

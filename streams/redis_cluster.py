@@ -35,7 +35,7 @@ from redis.exceptions import (
 )
 from redis.retry import Retry
 
-from streams.redis_connect import is_nogroup, is_outage
+from streams.redis_errors import is_nogroup, is_outage
 
 log = logging.getLogger(__name__)
 

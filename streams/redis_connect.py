@@ -10,7 +10,6 @@ client that does not retry: the caller counts what it sheds.
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -18,6 +17,10 @@ from typing import Any, TypeVar
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
+
+from streams.redis_cluster import connect_cluster
+from streams.redis_errors import OUTAGE_ERRORS, is_outage
+from streams.redis_errors import is_nogroup as is_nogroup  # re-exported: callers import it here
 
 log = logging.getLogger(__name__)
 
@@ -28,14 +31,6 @@ CONNECT_TIMEOUT_S = 5.0
 SOCKET_TIMEOUT_S = 30.0  # a silent peer (a partition) fails a read instead of hanging it
 FAIL_FAST_CONNECT_TIMEOUT_S = 0.5
 FAIL_FAST_SOCKET_TIMEOUT_S = 2.0  # a partitioned Redis must not stall a live camera for long
-OUTAGE_ERRORS = (redis.ConnectionError, redis.TimeoutError, socket.timeout)
-# ConnectionError subclasses that no waiting mends: wrong credentials
-_REFUSALS = (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError)
-
-
-def is_outage(error: BaseException) -> bool:
-    """Redis is unreachable (down, restarting, loading), as opposed to refusing us."""
-    return isinstance(error, OUTAGE_ERRORS) and not isinstance(error, _REFUSALS)
 
 
 class OutageRetry(Retry):
@@ -105,8 +100,6 @@ def connect(
     if not url.startswith("unix:"):
         options["socket_keepalive"] = True
     if cluster:
-        from streams.redis_cluster import connect_cluster  # it builds on this module
-
         # a RedisCluster client is no redis.Redis, but answers every command framebatch uses
         return connect_cluster(  # type: ignore[return-value]
             url, reconnect_timeout_s=0.0 if fail_fast else reconnect_timeout_s, **options
@@ -117,8 +110,3 @@ def connect(
         retry_on_error=list(OUTAGE_ERRORS),
         **options,
     )
-
-
-def is_nogroup(error: BaseException) -> bool:
-    """Redis lost a consumer group: it restarted without persistence (or someone deleted it)."""
-    return isinstance(error, redis.ResponseError) and str(error).startswith("NOGROUP")

@@ -1,0 +1,83 @@
+"""Consumer groups of the streams: made once, their pending entries listed and claimed in pages.
+
+Every reader of a stream through a group goes through these: the batcher's frames group
+(``FRAMES_GROUP``), the run after a crash and ``framebatch drain`` (what an earlier run left
+pending), a detector worker taking a camera over, and ``framebatch consume --group``.
+XCLAIM moves ownership only (``justid``) where the pixels are not needed: a frame is ~1 MB.
+"""
+
+from __future__ import annotations
+
+import redis
+
+from streams.keys import FRAMES_GROUP
+
+CLAIM_PAGE = 1000  # pending entries looked at per XPENDING
+
+
+def ensure_group(
+    client: redis.Redis, key: str, group: str = FRAMES_GROUP, *, start: str = "0"
+) -> None:
+    """The group on ``key`` (the stream made if missing), reading from ``start`` ("0": every
+    entry, "$": only new ones); a group that exists keeps its position and pending entries."""
+    try:
+        client.xgroup_create(key, group, id=start, mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+def pending_ids(client: redis.Redis, key: str, group: str = FRAMES_GROUP) -> set[bytes]:
+    """Every entry of the group read and not acknowledged, by any consumer."""
+    ids: set[bytes] = set()
+    after: str | bytes = "-"
+    while page := client.xpending_range(key, group, min=after, max="+", count=CLAIM_PAGE):
+        ids.update(p["message_id"] for p in page)
+        after = b"(" + page[-1]["message_id"]  # exclusive: the next page
+    return ids
+
+
+def pending_between(
+    client: redis.Redis,
+    key: str,
+    *,
+    after: str | bytes,
+    before: str | bytes,
+    count: int = CLAIM_PAGE,
+    group: str = FRAMES_GROUP,
+) -> list[bytes]:
+    """Ids of the entries pending on any consumer strictly between two entry ids."""
+    low = b"(" + (after.encode() if isinstance(after, str) else after)
+    high = b"(" + (before.encode() if isinstance(before, str) else before)
+    return [p["message_id"] for p in client.xpending_range(key, group, low, high, count)]
+
+
+def claim(
+    client: redis.Redis,
+    key: str,
+    consumer: str,
+    ids: list[bytes],
+    *,
+    group: str = FRAMES_GROUP,
+) -> list[tuple[bytes, dict[bytes, bytes] | None]]:
+    """Take these pending entries over, with their fields (an entry trimmed from the stream
+    meanwhile is dropped from the group and not returned)."""
+    return client.xclaim(key, group, consumer, 0, ids)
+
+
+def claim_pending(
+    client: redis.Redis, key: str, consumer: str, group: str = FRAMES_GROUP
+) -> tuple[int, int]:
+    """Take over the entries other consumers of the group read and never acknowledged (a
+    worker that crashed, or had another name): ownership only.  Returns (claimed, trimmed):
+    XCLAIM drops from the group the entries the stream no longer holds, and those are frames
+    their reader held when it stopped.  Raises ResponseError NOGROUP when the group is gone."""
+    claimed, trimmed, after, mine = 0, 0, "-", consumer.encode()
+    while pending := client.xpending_range(key, group, min=after, max="+", count=CLAIM_PAGE):
+        ids = [p["message_id"] for p in pending if p["consumer"] != mine]
+        if ids:
+            taken = client.xclaim(key, group, consumer, 0, ids, justid=True)
+            claimed += len(taken)
+            trimmed += len(ids) - len(taken)
+        after = b"(" + pending[-1]["message_id"]
+    return claimed, trimmed
