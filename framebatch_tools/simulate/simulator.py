@@ -23,14 +23,14 @@ import math
 import random
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from framebatch_tools.simulate.profiles import PROFILES, ServiceProfile
-from pipeline.batching import CameraRules, make_policy
+from pipeline.batching import CameraRules, make_policy, queue_bound
 
 _ARRIVAL, _DONE, _WAKE = 0, 1, 2
 DROP_CAUSES = ("stale", "overflow", "superseded")
@@ -55,16 +55,17 @@ class SimCamera:
 
 @dataclass(frozen=True)
 class SimSettings:
-    """The policy under test and the run's length; policy fields mirror ``BatchingConfig``."""
+    """The policy under test and the run's length; policy fields mirror ``BatchingConfig``
+    (``policy_options``: the policy's own settings, ``{"latency_target_ms": 50}`` for aimd)."""
 
     policy: str
     max_batch_size: int = 8
     max_wait_ms: float = 50.0
     max_wait_frames: float | None = 2.0
     preferred_batch_sizes: tuple[int, ...] = ()
-    max_queue_frames: int | None = None  # None: the daemon's default max(4 x batch, 2 x cameras)
-    target_utilisation: float = 0.85
-    latency_target_ms: float = 200.0
+    # None: the daemon's default bound (queue_bound); set: exactly this many frames
+    max_queue_frames: int | None = None
+    policy_options: Mapping[str, Any] = field(default_factory=dict)
     transport_s: float = 0.0  # constant capture-to-batcher delay
     warmup_s: float = 2.0  # nothing before this is measured
     duration_s: float = 20.0  # measured time after the warm-up
@@ -130,7 +131,7 @@ def simulate(
         max_wait_ms=settings.max_wait_ms,
         preferred_batch_sizes=settings.preferred_batch_sizes,
         max_queue_frames=settings.max_queue_frames
-        or max(4 * settings.max_batch_size, 2 * len(cameras)),
+        or queue_bound(settings.max_batch_size, len(cameras)),
         camera_rules={
             c.id: CameraRules(
                 priority=c.priority,
@@ -140,8 +141,7 @@ def simulate(
             )
             for c in cameras
         },
-        target_utilisation=settings.target_utilisation,
-        latency_target_ms=settings.latency_target_ms,
+        options=settings.policy_options,
     )
     start, end = settings.warmup_s, settings.warmup_s + settings.duration_s
     half = start + settings.duration_s / 2

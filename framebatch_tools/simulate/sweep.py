@@ -138,6 +138,8 @@ def sweep_points(
     points = []
     for name in profiles:
         plan, profile = PLANS[name], PROFILES[name]
+        # each policy's own settings in this plan (the ones not named here keep their defaults)
+        policy_options = {"aimd": {"latency_target_ms": plan.aimd_target_ms}}
         for m, mix in enumerate(plan.mixes):
             for count in plan.quick_cameras if quick else plan.cameras:
                 mean_fps = sum(mix.fps[i % len(mix.fps)] for i in range(count))
@@ -147,7 +149,7 @@ def sweep_points(
                         policy=policy,
                         max_batch_size=profile.max_batch_size,
                         max_wait_ms=wait_ms,
-                        latency_target_ms=plan.aimd_target_ms,
+                        policy_options=policy_options.get(policy, {}),
                         warmup_s=min(2.0, max(0.5, duration / 10)),
                         duration_s=duration,
                         seed=seed + m,

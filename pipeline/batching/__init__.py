@@ -1,4 +1,5 @@
-"""Batch formation: per-camera queues plus pluggable dispatch policies (pure, clock-driven)."""
+"""Batch formation: per-camera queues plus pluggable dispatch policies (pure, clock-driven;
+one module per policy in :mod:`pipeline.batching.policies`)."""
 
 from pipeline.batching.factory import make_policy
 from pipeline.batching.policies import (
@@ -8,10 +9,12 @@ from pipeline.batching.policies import (
     Batch1Policy,
     BatchPolicy,
     Decision,
+    PolicyOptions,
     StaticPolicy,
     TimeoutPolicy,
+    policy_names,
 )
-from pipeline.batching.queues import CameraRules, Dropped, FrameQueues, Queued
+from pipeline.batching.queues import CameraRules, Dropped, FrameQueues, Queued, queue_bound
 from pipeline.batching.service import ServiceModel
 
 __all__ = [
@@ -24,9 +27,12 @@ __all__ = [
     "Decision",
     "Dropped",
     "FrameQueues",
+    "PolicyOptions",
     "Queued",
     "ServiceModel",
     "StaticPolicy",
     "TimeoutPolicy",
     "make_policy",
+    "policy_names",
+    "queue_bound",
 ]

@@ -94,6 +94,15 @@ class _Camera(Generic[T]):
 
 #: the least room the queue keeps per camera: one frame being read on top of one waiting
 QUEUE_FRAMES_PER_CAMERA = 2
+QUEUE_BATCHES = 4  # frames held by default, in batches of the largest size
+
+
+def queue_bound(max_batch_size: int, cameras: int, max_queue_frames: int | None = None) -> int:
+    """Frames the batching queue holds at most: ``max_queue_frames`` (default
+    ``QUEUE_BATCHES`` full batches), and room for a read of one frame per camera on top of one
+    waiting (``QUEUE_FRAMES_PER_CAMERA``), as :meth:`FrameQueues.make_room` keeps."""
+    least = QUEUE_FRAMES_PER_CAMERA * cameras
+    return max(max_queue_frames or QUEUE_BATCHES * max_batch_size, least)
 
 
 class FrameQueues(Generic[T]):

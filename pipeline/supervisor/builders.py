@@ -20,7 +20,7 @@ from detectors.detector import Detector
 from detectors.postprocess import Thresholds
 from detectors.preprocess import Letterbox
 from pipeline.batching import BatchPolicy, CameraRules, make_policy
-from pipeline.batching.queues import QUEUE_FRAMES_PER_CAMERA
+from pipeline.batching.queues import queue_bound
 from pipeline.config import CameraConfig, Config, ConfigError
 from streams.decode_worker import DecoderSpec
 from streams.transport import TransportSpec
@@ -29,11 +29,10 @@ log = logging.getLogger(__name__)
 
 
 def queue_frames(config: Config) -> int:
-    """Frames the batching queue holds at most: room for a read of one frame per camera on
-    top of the batches being formed."""
+    """Frames the batching queue holds at most (:func:`~pipeline.batching.queues.queue_bound`
+    of the configured cameras)."""
     batching = config.batching
-    least = QUEUE_FRAMES_PER_CAMERA * len(config.cameras)
-    return max(batching.max_queue_frames or 4 * batching.max_batch_size, least)
+    return queue_bound(batching.max_batch_size, len(config.cameras), batching.max_queue_frames)
 
 
 FILE_JOB_MAX_WAIT_MS = 1000.0  # how long a file job's frame may wait for a fuller batch
@@ -202,8 +201,7 @@ def batching_policy(config: Config, *, until_done: bool) -> BatchPolicy[Any]:
             camera.id: camera_rules(config, camera, until_done=until_done)
             for camera in config.cameras
         },
-        target_utilisation=batching.target_utilisation,
-        latency_target_ms=batching.latency_target_ms,
+        options=batching.policy_options,
     )
 
 
@@ -215,11 +213,13 @@ def sampled_fps(camera: CameraConfig) -> float | None:
     return min(camera.fps / camera.vid_stride, camera.max_fps or camera.fps)
 
 
-def decode_threads(config: Config) -> int:
+def decode_threads(config: Config, cameras: int | None = None) -> int:
     """Threads per decoder: FFmpeg's frame threading while there are fewer cameras than
     cores, else one each (the cores are busy anyway, and threading costs ~20 % more CPU per
-    frame: docs/benchmarks.md)."""
-    return 1 if len(config.cameras) >= len(os.sched_getaffinity(0)) else 0
+    frame: docs/benchmarks.md).  ``cameras``: how many the run decodes (default: the
+    config's; cameras added live count too)."""
+    count = len(config.cameras) if cameras is None else cameras
+    return 1 if count >= len(os.sched_getaffinity(0)) else 0
 
 
 def decoder_spec(

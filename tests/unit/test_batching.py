@@ -7,7 +7,10 @@ queues themselves (windows, fairness, bounds) are ``test_batching_queues.py``'s 
 from __future__ import annotations
 
 import math
+import re
+import sys
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,7 +30,9 @@ from pipeline.batching import (
     StaticPolicy,
     TimeoutPolicy,
     make_policy,
+    policies,
 )
+from pipeline.batching.policies import aimd
 
 ROOMY = 10_000  # max_waiting large enough that nothing overflows
 DEFAULT_RULES = CameraRules()
@@ -186,19 +191,143 @@ def test_make_policy_builds_every_registered_policy(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "attribute", "value"),
+    ("name", "options", "attribute", "value"),
     [
-        ("timeout", "timeout_s", 0.05),
-        ("aimd", "timeout_s", 0.05),
-        ("aimd", "latency_target_s", 0.3),
-        ("adaptive", "target_utilisation", 0.7),
+        ("timeout", None, "timeout_s", 0.05),  # max_wait_ms is its timeout
+        ("aimd", {"latency_target_ms": 300}, "timeout_s", 0.05),
+        ("aimd", {"latency_target_ms": 300}, "latency_target_s", 0.3),
+        ("aimd", None, "latency_target_s", 0.2),  # the default
+        ("adaptive", {"target_utilisation": 0.7}, "target_utilisation", 0.7),
+        ("adaptive", {}, "target_utilisation", 0.85),  # the default
+        ("aimd", aimd.Options(latency_target_ms=300), "latency_target_s", 0.3),  # validated
     ],
 )
-def test_make_policy_passes_its_settings(name: str, attribute: str, value: float) -> None:
-    policy = make_policy(
-        name, max_batch_size=4, max_wait_ms=50, latency_target_ms=300, target_utilisation=0.7
-    )
+def test_make_policy_passes_its_settings(
+    name: str, options: Any, attribute: str, value: float
+) -> None:
+    policy = make_policy(name, max_batch_size=4, max_wait_ms=50, options=options)
     assert getattr(policy, attribute) == pytest.approx(value)
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "message"),
+    [
+        (
+            "adaptive",
+            {"latency_target_ms": 300},
+            "the adaptive batching policy has no setting 'latency_target_ms' "
+            "(its settings: target_utilisation)",
+        ),
+        (
+            "timeout",
+            {"target_utilisation": 0.7, "latency_target_ms": 300},
+            "the timeout batching policy has no setting 'latency_target_ms', "
+            "'target_utilisation' (it has none)",
+        ),
+        (
+            "aimd",
+            {"latency_target_ms": 300, "target_utilisation": 0.7},
+            "the aimd batching policy has no setting 'target_utilisation' "
+            "(its settings: latency_target_ms)",
+        ),
+        ("batch1", {"name": "aimd"}, "the batch1 batching policy has no setting 'name'"),
+        (
+            "adaptive",
+            {"target_utilisation": 1.5},
+            "the adaptive batching policy: target_utilisation: Input should be less than or equal",
+        ),
+        ("adaptive", aimd.Options(), "options for the aimd policy given to the adaptive policy"),
+    ],
+)
+def test_make_policy_refuses_a_setting_the_policy_does_not_have(
+    name: str, options: Any, message: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        make_policy(name, max_batch_size=4, max_wait_ms=50, options=options)
+
+
+NEW_POLICY = '''"""A policy dropped beside the project's own: every frame alone, after a pause."""
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from pipeline.batching.policies.base import BatchPolicy, PolicyOptions, SharedSettings
+
+
+class Options(PolicyOptions):
+    name: Literal["pause"] = Field("pause", description="The policy")
+    pause_ms: float = Field(5.0, gt=0, description="How long every frame waits")
+
+
+class PausePolicy(BatchPolicy[Any]):
+    name = "pause"
+
+    def __init__(self, *, pause_s: float, **kwargs):
+        super().__init__(**kwargs)
+        self.pause_s = pause_s
+
+    def size_now(self, now: float) -> int:
+        return 1
+
+
+def build_policy(options: Options, shared: SharedSettings) -> PausePolicy:
+    return PausePolicy(pause_s=options.pause_ms / 1000, **shared.base_arguments())
+'''
+
+
+@pytest.fixture
+def policy_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A folder searched for policy modules after the project's own."""
+    folder = tmp_path / "policies"
+    folder.mkdir()
+    monkeypatch.setattr(policies, "__path__", [*policies.__path__, str(folder)])
+    policies.policy_modules.cache_clear()
+    yield folder
+    policies.policy_modules.cache_clear()
+    for module in folder.glob("*.py"):  # imported from this folder only
+        sys.modules.pop(f"{policies.__name__}.{module.stem}", None)
+
+
+def test_each_policy_module_is_registered_under_its_own_name() -> None:
+    assert policies.policy_names() == ("adaptive", "aimd", "batch1", "static", "timeout")
+    assert sorted(POLICIES) == list(policies.policy_names())
+    for name, module in policies.policy_modules().items():
+        assert module.__name__ == f"pipeline.batching.policies.{name}" and module.__doc__
+        assert POLICIES[name].name == name and callable(module.build_policy)
+        options = module.Options()  # every setting has a default
+        assert options.name == name and options.model_config["extra"] == "forbid"
+        assert [f for f, info in module.Options.model_fields.items() if not info.description] == []
+    assert policies.policy_settings("adaptive") == ("target_utilisation",)
+    assert policies.policy_settings("aimd") == ("latency_target_ms",)
+
+
+def test_one_new_module_is_a_new_policy(policy_folder: Path) -> None:
+    (policy_folder / "pause.py").write_text(NEW_POLICY)
+    assert "pause" in policies.policy_names()
+    policy = make_policy("pause", max_batch_size=4, max_wait_ms=50, options={"pause_ms": 20})
+    assert (policy.name, policy.pause_s, policy.max_batch_size) == ("pause", 0.02, 4)
+    with pytest.raises(ValueError, match="the pause batching policy has no setting 'pause_s'"):
+        make_policy("pause", max_batch_size=4, max_wait_ms=50, options={"pause_s": 20})
+
+
+@pytest.mark.parametrize(
+    ("module", "message"),
+    [
+        ("Options = None\n", "halfdone must define Options (name: Literal['halfdone'])"),
+        (NEW_POLICY, "halfdone must define Options (name: Literal['halfdone'])"),
+        (
+            NEW_POLICY.replace('"pause"', '"halfdone"').replace("name = ", "label = "),
+            "halfdone must define one BatchPolicy named 'halfdone'",
+        ),
+    ],
+)
+def test_a_module_that_is_not_a_policy_is_named(
+    policy_folder: Path, module: str, message: str
+) -> None:
+    (policy_folder / "halfdone.py").write_text(module)
+    with pytest.raises(TypeError, match=re.escape(message)):
+        policies.policy_names()
 
 
 # --- batch1, static, timeout --------------------------------------------------------------

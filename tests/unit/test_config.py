@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
+from pipeline.batching import policy_names
 from pipeline.config import (
     BatchingConfig,
     CameraConfig,
@@ -743,3 +744,132 @@ def test_a_camera_url_that_cannot_be_opened_or_logged_safely_is_refused(url: str
     [error] = info.value.errors
     assert error.startswith("cameras[0].url: " + message), error
     assert SECRET not in error and "\n" not in error
+
+
+# ------------------------------------------------------------ batching policies and their settings
+
+
+@pytest.mark.parametrize(
+    ("batching", "expected"),
+    [
+        ({}, {"name": "adaptive", "target_utilisation": 0.85}),
+        ({"target_utilisation": 0.9}, {"name": "adaptive", "target_utilisation": 0.9}),
+        (
+            {"policy": "adaptive", "target_utilisation": 0.9},
+            {"name": "adaptive", "target_utilisation": 0.9},
+        ),
+        ({"policy": "aimd"}, {"name": "aimd", "latency_target_ms": 200.0}),
+        (
+            {"policy": "aimd", "latency_target_ms": 300, "max_wait_ms": 20},
+            {"name": "aimd", "latency_target_ms": 300.0},
+        ),
+        ({"policy": "timeout"}, {"name": "timeout"}),
+        ({"policy": "batch1"}, {"name": "batch1"}),
+    ],
+)
+def test_the_chosen_policys_settings_sit_beside_it(
+    batching: dict[str, Any], expected: dict[str, Any]
+):
+    config = parse_config(merged(MINIMAL, {"batching": batching}), base_dir=BASE)
+    assert config.batching.policy == expected["name"]
+    assert config.batching.policy_options.model_dump() == expected
+
+
+AIMD_S, ADAPTIVE_S = "a setting of the aimd policy", "a setting of the adaptive policy"
+
+
+@pytest.mark.parametrize(
+    ("batching", "expected"),
+    [
+        (
+            {"policy": "adaptive", "latency_target_ms": 300},
+            [f"batching.latency_target_ms: {AIMD_S}; batching.policy is adaptive"],
+        ),
+        (
+            {"latency_target_ms": 300},  # the default policy, adaptive
+            [f"batching.latency_target_ms: {AIMD_S}; batching.policy is adaptive"],
+        ),
+        (
+            {"policy": "timeout", "target_utilisation": 0.9},
+            [f"batching.target_utilisation: {ADAPTIVE_S}; batching.policy is timeout"],
+        ),
+        (
+            {"policy": "adaptive", "target_utilisation": 1.5},
+            ["batching.target_utilisation: must be <= 1.0 (got 1.5)"],
+        ),
+        (
+            {"policy": "adaptive", "target_utilisation": 0},
+            ["batching.target_utilisation: must be > 0.0 (got 0)"],
+        ),
+        (
+            {"policy": "aimd", "latency_target_ms": "fast"},
+            ["batching.latency_target_ms: must be a number (got string)"],
+        ),
+        (
+            {"policy": "aimd", "latency_target_ms": float("inf")},
+            ["batching.latency_target_ms: must be a finite number (got inf)"],
+        ),
+        (
+            {"policy": "adaptive", "target_utilization": 0.9},
+            ["batching: unknown key 'target_utilization'; did you mean 'target_utilisation'?"],
+        ),
+        (
+            {"policy": "aimd", "latency_target": 300},
+            ["batching: unknown key 'latency_target'; did you mean 'latency_target_ms'?"],
+        ),
+        (
+            {"policy": "aimd", "max_wiat_ms": 10},
+            ["batching: unknown key 'max_wiat_ms'; did you mean 'max_wait_ms'?"],
+        ),
+        (
+            {"policy": "aimd", "name": "aimd"},  # the discriminator is policy, not a setting
+            [
+                "batching: unknown key 'name' (expected one of: policy, max_batch_size, "
+                "max_wait_ms, max_wait_frames, preferred_batch_sizes, max_queue_frames, "
+                "max_frame_age_ms, latency_target_ms)"
+            ],
+        ),
+        (
+            {"policy": "timout", "target_utilisation": 0.9},  # the policy is what is wrong
+            ["batching.policy: must be 'adaptive', 'aimd', 'batch1', 'static' or 'timeout'"],
+        ),
+        (
+            {
+                "policy": "adaptive",
+                "max_batch_size": 0,
+                "target_utilisation": 2,
+                "latency_target_ms": 1,
+            },
+            [
+                "batching.max_batch_size: must be >= 1 (got 0)",
+                "batching.target_utilisation: must be <= 1.0 (got 2)",
+                f"batching.latency_target_ms: {AIMD_S}; batching.policy is adaptive",
+            ],
+        ),
+    ],
+)
+def test_a_policy_setting_is_checked_against_the_chosen_policy(
+    batching: dict[str, Any], expected: list[str]
+):
+    assert parse_errors(merged(MINIMAL, {"batching": batching})) == expected
+
+
+def test_policy_choices_come_from_the_policy_modules():
+    choices = BatchingConfig.model_fields["policy"].annotation.__args__
+    assert choices == policy_names() == ("adaptive", "aimd", "batch1", "static", "timeout")
+    assert "target_utilisation" not in BatchingConfig.model_fields  # declared in its module only
+
+
+@pytest.mark.parametrize(
+    "batching", [{}, {"policy": "aimd", "latency_target_ms": 300}, {"policy": "static"}]
+)
+def test_a_dumped_config_keeps_its_policy_settings(batching: dict[str, Any]):
+    config = parse_config(merged(MINIMAL, {"batching": batching}), base_dir=BASE)
+    dumped = config.model_dump(mode="json")["batching"]  # as `framebatch bench --peer` writes it
+    assert {k: v for k, v in batching.items() if k != "policy"}.items() <= dumped.items()
+    again = parse_config(merged(MINIMAL, {"batching": dumped}), base_dir=BASE)
+    assert again.batching == config.batching
+    assert again.batching.policy_options == config.batching.policy_options
+    assert (
+        pickle.loads(pickle.dumps(config)).batching.policy_options == config.batching.policy_options
+    )
