@@ -1,0 +1,55 @@
+"""The API's request and response models, and the camera as a request body's JSON Schema."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import Path as PathParam
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipeline.config import CameraConfig
+
+CAMERA_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+CAMERA_ID = Annotated[str, PathParam(pattern=CAMERA_ID_PATTERN, max_length=64)]
+
+
+class CameraOut(BaseModel):
+    id: str
+    url: str = Field(description="The source, password redacted")
+    state: str = Field(
+        description="starting, running, reconnecting, ended, failed, draining, removed"
+    )
+    priority: int
+    live: bool
+    decoded: int
+    processed: int
+    dropped: dict[str, int] = Field(description="Frames without detections, by cause")
+    fps: float = Field(description="Frames processed a second, last few seconds")
+    latency_p50_s: float | None
+    latency_p99_s: float | None
+
+
+class PriorityIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    priority: int = Field(strict=True, ge=0, le=9, description="0 is served first and shed last")
+
+
+class Problem(BaseModel):
+    detail: str | list[str]
+
+
+class Stats(BaseModel):
+    batch_sizes: dict[str, int] = Field(description="Batches dispatched, by size")
+    mean_batch_size: float
+    detector_utilization: float
+    latency_p50_s: float | None
+    latency_p99_s: float | None
+
+
+def camera_schema() -> dict[str, Any]:
+    """A config's camera as JSON Schema, with the id's form (checked by a validator, so absent
+    from the model's own schema) spelt out for clients."""
+    schema = CameraConfig.model_json_schema()
+    schema["properties"]["id"].update(minLength=1, maxLength=64, pattern=CAMERA_ID_PATTERN)
+    schema["properties"]["url"].update(minLength=1)
+    return schema
