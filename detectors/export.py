@@ -12,19 +12,19 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from importlib import metadata as package_metadata
 from pathlib import Path
 from typing import Any, Literal
 
+from detectors.metadata import class_names
 from detectors.preprocess import Letterbox
 
 log = logging.getLogger(__name__)
 
-ExportFormat = Literal["onnx", "torchscript", "engine"]
-FORMATS: tuple[str, ...] = ("onnx", "torchscript", "engine")
-SUFFIX = {"onnx": ".onnx", "torchscript": ".torchscript", "engine": ".engine"}
+ExportFormat = Literal["onnx", "torchscript", "engine"]  # the keys of EXPORT_FORMATS
 ONNX_OPSET = 17  # what TensorRT 10 and onnxruntime >= 1.14 both read
 
 
@@ -49,14 +49,13 @@ class ExportRequest:
 
     @property
     def target(self) -> Path:
-        return self.output or self.source.with_suffix(SUFFIX[self.format])
+        return self.output or self.source.with_suffix(EXPORT_FORMATS[self.format].suffix)
 
     def check(self) -> None:
         """Argument errors, before anything heavy is loaded."""
         if self.format not in FORMATS:
             raise ValueError(f"unknown format {self.format!r} (expected {', '.join(FORMATS)})")
-        suffix = self.source.suffix.lower()
-        if suffix not in (".pt", ".onnx") or (suffix == ".onnx" and self.format != "engine"):
+        if self.source.suffix.lower() not in EXPORT_FORMATS[self.format].sources:
             raise ValueError(
                 f"cannot export {self.source.name} to {self.format}: the source must be a .pt "
                 "(or an .onnx with a dynamic batch axis for --format engine)"
@@ -73,8 +72,9 @@ class ExportRequest:
             raise ValueError("--half exports need --device cuda (FP16 is for GPUs)")
 
 
-def metadata(request: ExportRequest, names: dict[int, str], stride: int) -> dict[str, Any]:
-    """Model facts in Ultralytics' layout, plus the batch profile framebatch reads."""
+def metadata(request: ExportRequest, names: tuple[str, ...], stride: int) -> dict[str, Any]:
+    """Model facts in Ultralytics' layout (``names`` as ``{class id: name}``), plus the batch
+    profile framebatch reads."""
     try:
         version = package_metadata.version("framebatch")
     except package_metadata.PackageNotFoundError:  # running from a source tree
@@ -89,7 +89,7 @@ def metadata(request: ExportRequest, names: dict[int, str], stride: int) -> dict
         "task": "detect",
         "batch": request.max_batch,
         "imgsz": [request.imgsz, request.imgsz],
-        "names": names,
+        "names": dict(enumerate(names)),
         "dynamic": True,
         "half": request.half,
         "int8": request.int8,
@@ -104,16 +104,11 @@ def export(request: ExportRequest) -> Path:
     """Write the exported model; returns its path."""
     request.check()
     request.target.parent.mkdir(parents=True, exist_ok=True)
-    if request.format == "engine":
-        return _export_engine(request)
-    model, names, stride, example = _load_for_export(request)
-    facts = metadata(request, names, stride)
-    if request.format == "onnx":
-        return _export_onnx(model, example, request.target, facts)
-    return _export_torchscript(model, example, request.target, facts)
+    return EXPORT_FORMATS[request.format].write(request)
 
 
-def _load_for_export(request: ExportRequest) -> tuple[Any, dict[int, str], int, Any]:
+def _load_for_export(request: ExportRequest) -> tuple[Any, Any, dict[str, Any]]:
+    """The checkpoint's raw-output model in export mode, an example input and its facts."""
     import torch
 
     from detectors.base import BackendOptions
@@ -128,14 +123,16 @@ def _load_for_export(request: ExportRequest) -> tuple[Any, dict[int, str], int, 
     dtype = torch.float16 if request.half else torch.float32
     model = model.to(dtype)
     example = torch.zeros(1, 3, request.imgsz, request.imgsz, dtype=dtype, device=device)
-    names = {int(k): str(v) for k, v in facts["names"].items()}
-    return RawOutput(model).eval(), names, facts["stride"], example
+    names = class_names(facts["names"])
+    return RawOutput(model).eval(), example, metadata(request, names, facts["stride"])
 
 
-def _export_onnx(model: Any, example: Any, target: Path, facts: dict[str, Any]) -> Path:
+def _export_onnx(request: ExportRequest) -> Path:
     import onnx
     import torch
 
+    model, example, facts = _load_for_export(request)
+    target = request.target
     torch.onnx.export(
         model,
         (example,),
@@ -159,13 +156,14 @@ def _export_onnx(model: Any, example: Any, target: Path, facts: dict[str, Any]) 
     return target
 
 
-def _export_torchscript(model: Any, example: Any, target: Path, facts: dict[str, Any]) -> Path:
+def _export_torchscript(request: ExportRequest) -> Path:
     import torch
 
+    model, example, facts = _load_for_export(request)
     with torch.no_grad():
         traced = torch.jit.trace(model, example, strict=False, check_trace=False)
-    traced.save(str(target), _extra_files={"config.txt": json.dumps(facts)})
-    return target
+    traced.save(str(request.target), _extra_files={"config.txt": json.dumps(facts)})
+    return request.target
 
 
 def _export_engine(request: ExportRequest) -> Path:
@@ -174,7 +172,6 @@ def _export_engine(request: ExportRequest) -> Path:
 
     import_tensorrt()  # before the ONNX step: fail fast where TensorRT is missing
     onnx_path = request.source
-    names: dict[int, str]
     if request.source.suffix.lower() == ".pt":
         onnx_path = request.target.with_suffix(".onnx")
         export(replace(request, format="onnx", output=onnx_path, half=False))
@@ -225,14 +222,31 @@ def _export_engine(request: ExportRequest) -> Path:
     return engine
 
 
-def _onnx_facts(path: Path) -> tuple[dict[int, str], int]:
-    import ast
-
+def _onnx_facts(path: Path) -> tuple[tuple[str, ...], int]:
     import onnx
 
     props = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
     try:
-        names = {int(k): str(v) for k, v in ast.literal_eval(props.get("names", "{}")).items()}
-    except (ValueError, SyntaxError, AttributeError):
-        names = {}
+        names = class_names(props.get("names"))
+    except ValueError as exc:  # the engine still builds; its reader numbers the classes
+        log.warning("%s: class names left out of the engine: %s", path.name, exc)
+        names = ()
     return names, int(props.get("stride", 32))
+
+
+@dataclass(frozen=True)
+class Exporter:
+    """One export format: the suffix of the file it writes, the source suffixes it converts
+    from, and the function that writes it."""
+
+    suffix: str
+    sources: tuple[str, ...]
+    write: Callable[[ExportRequest], Path]
+
+
+EXPORT_FORMATS: dict[str, Exporter] = {
+    "onnx": Exporter(".onnx", (".pt",), _export_onnx),
+    "torchscript": Exporter(".torchscript", (".pt",), _export_torchscript),
+    "engine": Exporter(".engine", (".pt", ".onnx"), _export_engine),
+}
+FORMATS: tuple[str, ...] = tuple(EXPORT_FORMATS)  # the CLI's ``--format`` choices
