@@ -20,11 +20,9 @@ import redis
 
 from pipeline.batching import CameraRules
 from pipeline.leases.camera_leases import CameraLeases
-from pipeline.ledger.accounting import Accounting
-from pipeline.ledger.acks import FrameAcks
-from pipeline.ledger.earlier_runs import claim_pending
-from pipeline.stages.reader import CameraChange, CameraChanges
-from streams.keys import StreamKeys
+from pipeline.stages.changes import CameraChange, CameraChanges
+from pipeline.stages.context import WorkerContext
+from streams.groups import claim_pending
 from streams.messages import CameraPosition, LedgerEntry
 from streams.redis_connect import is_nogroup
 
@@ -34,24 +32,22 @@ log = logging.getLogger(__name__)
 class LeaseKeeper:
     def __init__(
         self,
+        context: WorkerContext,
         *,
         leases: CameraLeases,
         changes: CameraChanges,
-        redis_client: redis.Redis,
-        keys: StreamKeys,
-        accounting: Accounting,
-        acks: FrameAcks,
-        consumer: str,
         rules: Callable[[str], CameraRules],
         clock: Callable[[], float] = time.monotonic,
     ):
+        """``context``: the worker's (its consumer name is the worker id holding the leases);
+        ``changes``: the worker's reader's, which this turns lease changes into."""
         self._leases = leases
         self._changes = changes
-        self._redis = redis_client
-        self._keys = keys
-        self._accounting = accounting
-        self._acks = acks
-        self._consumer = consumer
+        self._redis = context.redis
+        self._keys = context.keys
+        self._accounting = context.accounting
+        self._acks = context.acks
+        self._consumer = context.consumer
         self._rules = rules
         self._clock = clock
         self._next_tick = 0.0

@@ -22,6 +22,7 @@ import redis
 
 from pipeline.ledger.accounting import Accounting
 from pipeline.ledger.acks import FrameAcks
+from streams.groups import CLAIM_PAGE, ensure_group, pending_ids
 from streams.keys import FRAMES_GROUP, StreamKeys
 from streams.messages import (
     DetectionMessage,
@@ -31,7 +32,6 @@ from streams.messages import (
     session_progress,
 )
 
-CLAIM_PAGE = 1000  # pending entries looked at per XPENDING
 LOOK_BACK = 500  # newest detection and ledger entries searched for a session's last account
 
 
@@ -165,23 +165,6 @@ def _ledger_seqs(fields: dict[bytes, bytes]) -> tuple[str, list[int]]:
     return entry.session, list(entry.seqs)
 
 
-def claim_pending(client: redis.Redis, key: str, consumer: str) -> tuple[int, int]:
-    """Take over the frames another consumer of the group read and never acknowledged (a
-    worker that crashed, or had another name).  XPENDING pages and XCLAIM JUSTID: ownership
-    only, not 1 MB of pixels per entry.  Returns (claimed, trimmed): XCLAIM drops from the
-    group the entries the stream no longer holds, and those are frames their reader held
-    when it stopped.  Raises ResponseError NOGROUP when the group is gone."""
-    claimed, trimmed, after, mine = 0, 0, "-", consumer.encode()
-    while pending := client.xpending_range(key, FRAMES_GROUP, min=after, max="+", count=CLAIM_PAGE):
-        ids = [p["message_id"] for p in pending if p["consumer"] != mine]
-        if ids:
-            taken = client.xclaim(key, FRAMES_GROUP, consumer, 0, ids, justid=True)
-            claimed += len(taken)
-            trimmed += len(ids) - len(taken)
-        after = b"(" + pending[-1]["message_id"]  # exclusive: the next page
-    return claimed, trimmed
-
-
 def drain(
     client: redis.Redis,
     keys: StreamKeys,
@@ -199,12 +182,8 @@ def drain(
     drained = 0
     for camera in cameras:
         key = keys.frames(camera)
-        try:
-            client.xgroup_create(key, FRAMES_GROUP, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
-        pending = _pending_ids(client, key)
+        ensure_group(client, key)
+        pending = pending_ids(client, key)
         after = "-"
         while page := client.xrange(key, min=after, count=CLAIM_PAGE):
             for entry_id, fields in page:
@@ -222,12 +201,3 @@ def drain(
             client.xack(key, FRAMES_GROUP, *pending)
         acks.acknowledge(key, [], earlier.settle(camera, set(), always=True))
     return drained
-
-
-def _pending_ids(client: redis.Redis, key: str) -> set[bytes]:
-    ids: set[bytes] = set()
-    after: str | bytes = "-"
-    while page := client.xpending_range(key, FRAMES_GROUP, min=after, max="+", count=CLAIM_PAGE):
-        ids.update(p["message_id"] for p in page)
-        after = b"(" + page[-1]["message_id"]
-    return ids

@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator
 
 from detectors.detector import Detector
 from pipeline.stages.batches import InferredBatch, PreparedBatch
+from pipeline.stages.context import WorkerContext
 from pipeline.stages.lifecycle import Handoff
-from pipeline.telemetry import Telemetry
 
 
 class InferenceMeter:
@@ -58,20 +58,19 @@ class Inferer:
 
     def __init__(
         self,
+        context: WorkerContext,
         *,
         detector: Detector,
         inbox: Handoff[PreparedBatch],
         outbox: Handoff[InferredBatch],
         meter: InferenceMeter,
-        telemetry: Telemetry,
-        clock: Callable[[], float] = time.time,
     ):
         self._detector = detector
         self._inbox = inbox
         self._outbox = outbox
         self._meter = meter
-        self._telemetry = telemetry
-        self._clock = clock
+        self._telemetry = context.telemetry
+        self._clock = context.clock
         self._lock = threading.Lock()
         self._running = detector.instances  # instances not yet finished
 

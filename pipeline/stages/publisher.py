@@ -4,18 +4,13 @@ crash in between repeats a message (consumers de-duplicate by ``frame_id``), nev
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 from detectors.detector import Detector
 from detectors.postprocess import ImageDetections
 from detectors.preprocess import LetterboxGeometry
-from pipeline.ledger.accounting import Accounting
-from pipeline.ledger.acks import FrameAcks
 from pipeline.stages.batches import InferredBatch
+from pipeline.stages.context import WorkerContext
 from pipeline.stages.lifecycle import Handoff
-from pipeline.telemetry import NO_TELEMETRY, DetectedFrame, Telemetry
-from streams.keys import StreamKeys
+from pipeline.telemetry import DetectedFrame
 from streams.messages import Detection, DetectionMessage, FrameMessage, Timestamps
 from streams.sinks import DetectionSink
 
@@ -23,24 +18,20 @@ from streams.sinks import DetectionSink
 class Publisher:
     def __init__(
         self,
+        context: WorkerContext,
         *,
         detector: Detector,
         inbox: Handoff[InferredBatch],
         sink: DetectionSink,
-        acks: FrameAcks,
-        keys: StreamKeys,
-        accounting: Accounting,
-        telemetry: Telemetry = NO_TELEMETRY,
-        clock: Callable[[], float] = time.time,
     ):
         self._detector = detector
-        self._telemetry = telemetry
+        self._telemetry = context.telemetry
         self._inbox = inbox
         self._sink = sink
-        self._acks = acks
-        self._keys = keys
-        self._accounting = accounting
-        self._clock = clock
+        self._acks = context.acks
+        self._keys = context.keys
+        self._accounting = context.accounting
+        self._clock = context.clock
 
     def run(self) -> None:
         """Publish batches in the order the reader dispatched them (instances of the detector

@@ -18,6 +18,8 @@ from framebatch_tools.audit import audit
 from pipeline.batching import make_policy
 from pipeline.errors import StageFailed
 from pipeline.ledger.accounting import Accounting
+from pipeline.ledger.acks import FrameAcks
+from pipeline.stages.context import WorkerContext
 from pipeline.stages.worker import BatchWorker
 from pipeline.telemetry import Telemetry
 from streams.keys import FRAMES_GROUP, StreamKeys
@@ -86,18 +88,21 @@ def worker(
     """``instances``: further backends, each running batches on a thread of its own."""
     sink = sink or open_sinks([RedisStreamsOptions()], SinkContext(client, keys, 10_000))
     telemetry = telemetry or Telemetry()
-    return BatchWorker(
-        redis_client=client,
+    context = WorkerContext(
+        redis=client,
         keys=keys,
+        accounting=Accounting(cameras, telemetry=telemetry),
+        acks=FrameAcks(redis_client=client, keys=keys, ledger_maxlen=10_000),
+        telemetry=telemetry,
+        consumer=consumer,
+    )
+    return BatchWorker(
+        context,
         cameras=cameras,
         detector=Detector(backend, thresholds=Thresholds(), instances=instances),
         policy=make_policy("batch1", max_batch_size=1, max_wait_ms=5),
-        accounting=Accounting(cameras, telemetry=telemetry),
         sink=sink,
-        ledger_maxlen=10_000,
-        telemetry=telemetry,
         until_done=True,
-        consumer_name=consumer,
         since_ms=since_ms,
     )
 

@@ -1,0 +1,152 @@
+"""The reader's side of the camera leases (``framebatch detect``): what changes in reading a
+camera that moves between detector workers.
+
+* A camera adopted from its previous worker: the frames that worker had received and never
+  finished are claimed already (pending on this worker), so they are not gaps in ``seq``; if
+  one of them was trimmed from the stream meanwhile, it was lost with that worker.
+* Before a gap in ``seq`` is counted as dropped, its frames may be pending on another worker
+  instead (one cut off from Redis whose read was carried out after its lease ran out): they
+  are claimed and received first, in stream order, so the gap is only what is really missing.
+* Each camera's position (session, last seq, stream id) is kept in Redis with its ledger
+  entries, so the next worker to read it follows on without a gap or a repeat.
+
+A worker without leases (``framebatch run``) reads with :data:`NO_HANDOVER`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+
+from pipeline.stages.context import WorkerContext
+from streams.groups import claim, pending_between
+from streams.messages import CameraPosition, LedgerEntry, message_kind
+
+log = logging.getLogger(__name__)
+
+STRAY_PAGE = 1000  # frames of one gap looked for on other workers at most
+
+Entry = tuple[bytes, dict[bytes, bytes]]
+
+
+class NoHandover:
+    """Cameras that never change hands: every hook does nothing."""
+
+    def may_read(self) -> bool:
+        return True
+
+    def adopt(self, key: str, position: CameraPosition) -> None:
+        pass
+
+    def release(self, key: str) -> None:
+        pass
+
+    def history_read(self, key: str) -> None:
+        pass
+
+    def strays(self, key: str, camera: str, entry_id: bytes, fields: dict) -> list[Entry]:
+        return []
+
+    def lost(self, key: str, camera: str, entry_id: bytes, fields: dict) -> LedgerEntry | None:
+        return None
+
+    def seen(self, key: str, entry_id: bytes) -> None:
+        pass
+
+    def claimed(self, key: str, entry_id: bytes) -> bool:
+        return False
+
+    def position(self, camera: str) -> CameraPosition | None:
+        return None
+
+    def record_positions(self, cameras: list[str]) -> None:
+        pass
+
+
+NO_HANDOVER = NoHandover()
+
+
+class CameraHandover(NoHandover):
+    """Owned by one reader thread."""
+
+    def __init__(self, context: WorkerContext, *, may_read: Callable[[], bool]):
+        """``may_read``: false once the worker's leases may have run out (its reads wait)."""
+        self._context = context
+        self._may_read = may_read
+        # adopted cameras: frames up to here were received by their previous worker
+        self._claimed_through: dict[str, CameraPosition] = {}
+        self._last_entry: dict[str, str] = {}  # per stream: the newest entry received
+
+    def may_read(self) -> bool:
+        return self._may_read()
+
+    def adopt(self, key: str, position: CameraPosition) -> None:
+        self._claimed_through[key] = position
+
+    def release(self, key: str) -> None:
+        self._claimed_through.pop(key, None)
+
+    def history_read(self, key: str) -> None:
+        """This reader's own pending entries of ``key`` are all read again."""
+        self._claimed_through.pop(key, None)
+
+    def claimed(self, key: str, entry_id: bytes) -> bool:
+        """Received by the camera's previous worker, never finished: this worker's now."""
+        claimed = self._claimed_through.get(key)
+        return claimed is not None and claimed.received(entry_id)
+
+    def seen(self, key: str, entry_id: bytes) -> None:
+        self._last_entry[key] = entry_id.decode()
+
+    def lost(self, key: str, camera: str, entry_id: bytes, fields: dict) -> LedgerEntry | None:
+        """A frame the previous worker had received, claimed, then trimmed from the stream (an
+        entry that comes back empty): lost with that worker, counted ``worker_lost``."""
+        if fields or not self.claimed(key, entry_id):
+            return None
+        accounting = self._context.accounting
+        accounting.on_claimed(camera)
+        return accounting.on_shed(camera, "worker_lost", self._claimed_through[key].session or "")
+
+    def strays(self, key: str, camera: str, entry_id: bytes, fields: dict) -> list[Entry]:
+        """The frames of the gap before this entry that are pending on a consumer (another
+        worker's, or this one's from a reply it set aside), claimed: to be received first."""
+        if not fields or self.claimed(key, entry_id):
+            return []
+        session = fields.get(b"session", b"").decode()
+        if message_kind(fields) == "end":
+            next_seq = int(fields[b"frames"])
+        else:
+            next_seq = int(fields[b"seq"])
+        if not self._context.accounting.would_gap(camera, session, next_seq):
+            return []
+        context = self._context
+        after = self._last_entry.get(key, "0-0")
+        ids = pending_between(context.redis, key, after=after, before=entry_id, count=STRAY_PAGE)
+        if not ids:
+            return []
+        strays = claim(context.redis, key, context.consumer, ids)
+        log.warning("camera %s: %d frames another worker read were claimed", camera, len(strays))
+        return [(stray_id, stray_fields or {}) for stray_id, stray_fields in strays]
+
+    def position(self, camera: str) -> CameraPosition:
+        """The camera's position, never behind the one it was adopted at (claimed frames read
+        back are older entries than that)."""
+        key = self._context.keys.frames(camera)
+        position = replace(
+            self._context.accounting.position(camera), entry_id=self._last_entry.get(key, "0-0")
+        )
+        claimed = self._claimed_through.get(key)
+        if claimed is not None and claimed.received(position.entry_id):
+            position = replace(position, entry_id=claimed.entry_id)
+        return position
+
+    def record_positions(self, cameras: list[str]) -> None:
+        """The positions of cameras just read, each write standing alone."""
+        if not cameras:
+            return
+        acks = self._context.acks
+        tx = acks.transactions(atomic=False)
+        for camera in cameras:
+            acks.record_position(tx, camera, self.position(camera))
+        acks.execute(tx)
