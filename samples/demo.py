@@ -58,21 +58,27 @@ def main() -> int:
                 "http": config.http.model_copy(update={"listen": args.http}),
             }
         )
-        pipeline = Pipeline(config)
+        stop = threading.Event()
+        started: list[Pipeline] = []
         result: list[RunSummary] = []
-        runner = threading.Thread(
-            target=lambda: result.append(pipeline.run()), name="demo-pipeline"
-        )
+
+        def run() -> None:
+            pipeline = Pipeline.init_run(config, stop=stop)
+            started.append(pipeline)
+            result.append(pipeline.run())
+
+        runner = threading.Thread(target=run, name="demo-pipeline")
         runner.start()
         client = redis.Redis.from_url(server.url)
         consumer = DetectionConsumer(client, StreamKeys(config.redis.prefix), from_start=True)
-        timer = threading.Timer(args.seconds, pipeline.stop.set)
+        timer = threading.Timer(args.seconds, stop.set)
         timer.start()
         shown = False
         try:
-            while not pipeline.stop.is_set() and runner.is_alive():
-                if not shown and pipeline.http_url:
-                    print(f"live view: {pipeline.http_url}/  metrics: {pipeline.http_url}/metrics")
+            while not stop.is_set() and runner.is_alive():
+                if not shown and started and started[0].http_url:
+                    url = started[0].http_url
+                    print(f"live view: {url}/  metrics: {url}/metrics")
                     shown = True
                 for message in consumer.messages(timeout_s=0.5):
                     print(describe(message), flush=True)
@@ -80,7 +86,7 @@ def main() -> int:
             pass
         finally:
             timer.cancel()
-            pipeline.stop.set()
+            stop.set()
             runner.join()
             client.close()
     if result:

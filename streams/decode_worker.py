@@ -372,27 +372,34 @@ def wait_until_read(
         released.wait(LINGER_POLL_S)
 
 
+@dataclass(frozen=True)
+class DecoderJob:
+    """Everything a decode process needs, picklable: its camera, the Redis it writes to, how
+    frames are prepared and how their pixels travel (the process boundary's one argument)."""
+
+    spec: DecoderSpec
+    redis_url: str
+    prefix: str
+    prepare: FramePreparer  # picklable: a letterbox
+    transport: TransportSpec = TransportSpec()
+    cluster: bool = False  # redis_url is a node of a Redis Cluster
+    reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S
+    max_frame_bytes: int | None = None  # the largest prepared frame: sizes a shm ring's slots
+    parent_pid: int | None = None  # the process dies with this one, however it ends
+
+
 def run_decoder_process(
-    spec: DecoderSpec,
-    redis_url: str,
-    prefix: str,
-    prepare: FramePreparer,
-    stop: StopSignal,
-    transport: TransportSpec | None = None,
-    released: StopSignal | None = None,
-    parent_pid: int | None = None,
-    reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S,
-    max_frame_bytes: int | None = None,
-    cluster: bool = False,
+    job: DecoderJob, stop: StopSignal, released: StopSignal | None = None
 ) -> None:
     """Process entry point: the parent coordinates shutdown, so SIGINT is ignored here.
-    ``max_frame_bytes``: the largest prepared frame (sizes a shm ring's slots); ``cluster``:
-    ``redis_url`` is a Redis Cluster node.
 
     With the shm transport the ring lives until the batcher has read this camera's frames, or
     until the parent sets ``released`` (its batcher has stopped); then it is unlinked.  With
-    ``parent_pid`` the process dies with its parent (SIGKILL of the daemon included) and a
+    ``job.parent_pid`` the process dies with its parent (SIGKILL of the daemon included) and a
     SIGTERM, from the kernel or the supervisor, unlinks the ring on the way out."""
+    spec, redis_url, prefix = job.spec, job.redis_url, job.prefix
+    parent_pid, cluster = job.parent_pid, job.cluster
+    reconnect_timeout_s = job.reconnect_timeout_s
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # one thread per decoder: the cameras run side by side already, and OpenCV's own pool
     # made the letterbox's resize cost 2.0 instead of 1.1 ms of CPU a frame (docs/benchmarks.md)
@@ -404,13 +411,13 @@ def run_decoder_process(
     fail_fast = connect(redis_url, fail_fast=True, cluster=cluster)
     keys = StreamKeys(prefix)
     encoder = make_encoder(
-        transport or TransportSpec(),
+        job.transport,
         redis_url=redis_url,
         prefix=prefix,
         camera=spec.camera,
         max_backlog=spec.max_backlog,
         pid=os.getpid(),
-        max_frame_bytes=max_frame_bytes,
+        max_frame_bytes=job.max_frame_bytes,
     )
     orphaned = redis_gone = False
     try:
@@ -418,7 +425,7 @@ def run_decoder_process(
             spec=spec,
             redis_client=client,
             keys=keys,
-            prepare=prepare,
+            prepare=job.prepare,
             encoder=encoder,
             fail_fast_client=fail_fast,
         ).run(stop)

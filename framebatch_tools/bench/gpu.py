@@ -142,7 +142,7 @@ def pipeline_figure(model: Path, device: str, clip: Path, cameras: int, batch: i
     }
     config = parse_config(data, base_dir=".")
     started = time.perf_counter()
-    summary = Pipeline(config, until_done=True, serve_http=False).run()
+    summary = Pipeline.init_run(config, until_done=True, serve_http=False).run()
     elapsed = time.perf_counter() - started
     return {
         "cameras": cameras,

@@ -220,7 +220,7 @@ def run_pipeline(config: Config) -> dict[str, Any]:
         return timed[-1]
 
     run_start = time.perf_counter()
-    summary = Pipeline(
+    summary = Pipeline.init_run(
         config, until_done=True, detector_factory=timed_detector, serve_http=False
     ).run()
     failed = [c.camera for c in summary.cameras if c.end_reason in ("error", "crashed")]

@@ -128,15 +128,15 @@ def run_worker(config_path: str, worker_id: str, service: ServiceTime) -> int:
         backend = SimulatedBackend(service, config.batching.max_batch_size)
         return Detector(backend, thresholds=Thresholds())
 
-    pipeline = Pipeline(
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    Pipeline.init_detect(
         load_config(config_path),
-        role="detect",
         worker_id=worker_id,
         detector_factory=simulated,
+        stop=stop,
         serve_http=False,
-    )
-    signal.signal(signal.SIGTERM, lambda *_: pipeline.stop.set())
-    pipeline.run()
+    ).run()
     return 0
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from framebatch_tools.bench import scale as bench_scale
 
 pytestmark = pytest.mark.integration

@@ -48,7 +48,7 @@ def test_two_workers_process_every_frame_once_in_order(assets, redis_url, redis_
         devices_asked.append(device)
         return load_detector(cfg, "cpu")
 
-    summary = Pipeline(config, until_done=True, detector_factory=on_cpu).run()
+    summary = Pipeline.init_run(config, until_done=True, detector_factory=on_cpu).run()
     assert devices_asked == ["cuda:0", "cuda:1"]
     assert summary.dropped == {}
     # every decoded frame published: a worker that finishes first must not stop the other

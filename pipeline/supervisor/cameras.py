@@ -1,0 +1,171 @@
+"""Cameras changed while running, through the HTTP API (``pipeline.serve.http.CameraOps``):
+carried out on the supervisor's thread (``Control.submit``), each change going through the
+same path as the config's own cameras.
+
+A camera added is validated as a config entry, what an earlier run left in its stream is
+accounted for, then its decoder starts and a detector worker reads it.  A camera removed
+drains: its decoder stops, and once every decoder session it had has ended and every frame it
+sent is processed or counted, it is ``removed`` (it stays in the list, the metrics and the
+summary; its id may be added again).  Cameras added live are not written back to the config.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import redis
+from pydantic import ValidationError
+
+from pipeline.batching import CameraRules
+from pipeline.config import MAX_CAMERAS_PER_DAEMON, CameraConfig, Config
+from pipeline.config.errors import ConfigError, format_validation_errors
+from pipeline.ledger.accounting import Accounting
+from pipeline.ledger.acks import FrameAcks
+from pipeline.ledger.earlier_runs import drain
+from pipeline.serve.control import CameraConflict, CameraNotFound, CameraStates, CameraView, Control
+from pipeline.serve.live_view import LiveFrames
+from pipeline.serve.metrics import PrometheusTelemetry
+from pipeline.supervisor.builders import camera_rules
+from pipeline.supervisor.decoders import DecoderSupervisor
+from pipeline.supervisor.detectors import DetectorPool
+from pipeline.supervisor.part import Part
+from streams.groups import ensure_group
+from streams.keys import StreamKeys
+from streams.urls import redact_url
+
+log = logging.getLogger(__name__)
+
+
+class FixedCameras:
+    """The API's camera changes where the cameras come from the config only."""
+
+    def __init__(self, reason: str):
+        self._reason = reason
+
+    def add_camera(self, data: dict[str, Any]) -> CameraView:
+        raise CameraConflict(self._reason)
+
+    def set_priority(self, camera: str, priority: int) -> CameraView:
+        raise CameraNotFound(camera)
+
+    def remove_camera(self, camera: str) -> CameraView:
+        raise CameraNotFound(camera)
+
+
+class LiveCameras(Part):
+    """``framebatch run``'s cameras as the API changes them; owned by the supervisor's thread."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        config_dir: Path,
+        until_done: bool,
+        decoders: DecoderSupervisor,
+        pool: DetectorPool,
+        control: Control,
+        metrics: PrometheusTelemetry,
+        live: LiveFrames,
+        redis_client: redis.Redis,
+        keys: StreamKeys,
+        acks: FrameAcks,
+    ):
+        """``config_dir``: where relative file paths of cameras added are resolved (the
+        config's folder, as for the config's own cameras)."""
+        self._config = config
+        self._config_dir = config_dir
+        self._until_done = until_done
+        self._decoders = decoders
+        self._pool = pool
+        self._control = control
+        self._metrics = metrics
+        self._live = live
+        self._redis = redis_client
+        self._keys = keys
+        self._acks = acks
+
+    @property
+    def _states(self) -> CameraStates:
+        return self._control.states
+
+    @property
+    def _accounting(self) -> Accounting:
+        return self._control.accounting
+
+    def add_camera(self, data: dict[str, Any]) -> CameraView:
+        """Validate a camera as a config entry, start its decoder and give it to a worker."""
+        if self._until_done:
+            raise CameraConflict("a --until-done run takes its cameras from the config only")
+        try:
+            camera = CameraConfig.model_validate(data, context={"base_dir": self._config_dir})
+        except ValidationError as exc:
+            raise ConfigError(format_validation_errors(exc, CameraConfig), "camera") from None
+        known = self._decoders.known(camera.id)
+        if known and self._states.state(camera.id) != "removed":
+            raise CameraConflict(f"camera id {camera.id!r} is in use")
+        if self._decoders.active() >= MAX_CAMERAS_PER_DAEMON:
+            active = self._decoders.active()
+            raise CameraConflict(f"{active} cameras: the most one daemon runs")
+        maxlen = self._config.redis.frames_maxlen
+        if camera.max_backlog is not None and camera.max_backlog > maxlen:
+            raise ConfigError([f"max_backlog: must be <= redis.frames_maxlen ({maxlen})"], "camera")
+        if not known:  # what an earlier run left in its stream, as at start
+            drain(
+                self._redis, self._keys, [camera.id], accounting=self._accounting, acks=self._acks
+            )
+        ensure_group(self._redis, self._keys.frames(camera.id))
+        self._replace(camera)
+        self._states.add(camera.id, camera.url, camera.priority, camera.is_live)
+        self._metrics.add_camera(camera.id)
+        self._accounting.track(camera.id)
+        self._decoders.add(camera)
+        self._pool.assign(camera.id, self._rules(camera))
+        log.info("camera %s added (%s)", camera.id, redact_url(camera.url))
+        return self._control.camera(camera.id)
+
+    def set_priority(self, camera_id: str, priority: int) -> CameraView:
+        self._active(camera_id)
+        camera = self._config.camera(camera_id).model_copy(update={"priority": priority})
+        self._replace(camera)
+        self._states.set_priority(camera_id, priority)
+        self._pool.set_rules(camera_id, self._rules(camera))
+        return self._control.camera(camera_id)
+
+    def remove_camera(self, camera_id: str) -> CameraView:
+        """Stop the camera's decoder; it is removed once drained (``tick``)."""
+        self._active(camera_id)
+        self._decoders.remove(camera_id)
+        self._states.set(camera_id, "draining")
+        log.info("camera %s: removing (draining its frames)", camera_id)
+        return self._control.camera(camera_id)
+
+    def tick(self) -> None:
+        """Cameras drained: every decoder session ended and every frame read counted."""
+        for camera in self._decoders.removals():
+            if self._states.state(camera) == "removed" or not self._decoders.gone(camera):
+                continue
+            if self._accounting.outstanding(camera):
+                continue
+            self._pool.forget(camera)
+            self._live.forget(camera)
+            self._states.set(camera, "removed")
+            log.info("camera %s removed", camera)
+
+    def _active(self, camera_id: str) -> None:
+        if not self._decoders.known(camera_id):
+            raise CameraNotFound(camera_id)
+        if self._decoders.removing(camera_id):
+            state = self._states.state(camera_id)
+            raise CameraConflict(f"camera {camera_id!r} is {state}: it is being removed or was")
+
+    def _replace(self, camera: CameraConfig) -> None:
+        """The camera's entry in this run's config: replaced, or added at the end."""
+        cameras = [c for c in self._config.cameras if c.id != camera.id]
+        at = next((i for i, c in enumerate(self._config.cameras) if c.id == camera.id), None)
+        cameras.insert(len(cameras) if at is None else at, camera)
+        self._config = self._config.model_copy(update={"cameras": cameras})
+
+    def _rules(self, camera: CameraConfig) -> CameraRules:
+        return camera_rules(self._config, camera, until_done=self._until_done)

@@ -1,0 +1,292 @@
+"""The detector pool: this process's batch workers, each on a thread of its own.
+
+* ``framebatch run``: one worker per device (``model.devices``), the cameras dealt among them
+  round-robin (:meth:`DetectorPool.sharded`); cameras added live go to a worker through
+  :meth:`DetectorPool.assign`;
+* ``framebatch detect``: one worker whose cameras come and go with its leases
+  (:meth:`DetectorPool.leased`): a :class:`~pipeline.leases.keeper.LeaseKeeper` turns each
+  lease tick into the worker's camera changes.
+
+Lifecycle: constructed (nothing loaded, so the HTTP endpoint answers while models load) →
+``load`` (a model per worker, warmed up, the policy seeded with its batch times) → ``start``
+(the threads) → ``tick`` on the supervisor's thread → ``stop`` (the workers finish what they
+read, leases kept meanwhile, then left) → ``close`` (the models).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis
+
+from detectors.detector import Detector
+from pipeline.batching import CameraRules
+from pipeline.config import Config
+from pipeline.errors import BadInput
+from pipeline.leases.camera_leases import CameraLeases, worker_alive
+from pipeline.leases.keeper import LeaseKeeper
+from pipeline.ledger.accounting import Accounting
+from pipeline.ledger.acks import FrameAcks
+from pipeline.stages.changes import CameraChanges
+from pipeline.stages.context import WorkerContext
+from pipeline.stages.worker import BatchWorker
+from pipeline.supervisor.builders import (
+    batching_policy,
+    camera_rules,
+    run_shape,
+    shard_cameras,
+    time_batches,
+)
+from pipeline.supervisor.part import Part
+from pipeline.telemetry import Telemetry
+from streams.keys import StreamKeys
+from streams.sinks import DetectionSink
+from streams.transport import FrameDecoder, host_id
+
+log = logging.getLogger(__name__)
+
+JOIN_TICK_S = 0.2  # how often leases are renewed while the workers finish
+
+
+def new_worker_id() -> str:
+    """A detector worker's name in the consumer group and the leases: unique per process."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """One batch worker to load: its device, its cameras at start, its consumer name."""
+
+    device: str
+    cameras: list[str]
+    consumer: str
+
+
+@dataclass(frozen=True)
+class PoolResources:
+    """What the pool's workers share, opened by the composition root."""
+
+    redis_client: redis.Redis
+    keys: StreamKeys
+    accounting: Accounting
+    telemetry: Telemetry
+    sink: DetectionSink
+
+
+class DetectorPool(Part):
+    def __init__(
+        self,
+        config: Config,
+        resources: PoolResources,
+        *,
+        plans: list[WorkerPlan],
+        stop: threading.Event,
+        until_done: bool,
+        detector_factory: Callable[[Config, str], Detector],
+        leased: bool = False,
+    ):
+        """``stop``: the run's stop signal, which every worker observes.  ``leased``: the one
+        worker takes its cameras through leases, under its plan's consumer name."""
+        self._config = config
+        self._resources = resources
+        self._plans = plans
+        self._stop = stop
+        self._until_done = until_done
+        self._detector_factory = detector_factory
+        self._leased = leased
+        self._detectors: list[Detector] = []
+        self._workers: list[BatchWorker] = []
+        self._threads: list[threading.Thread] = []
+        self._failures: list[BaseException] = []
+        self._keeper: LeaseKeeper | None = None
+        self._owner: dict[str, BatchWorker] = {}  # camera -> its worker (removed ones too)
+        self._active: set[str] = set()  # cameras assigned and not forgotten
+        self._label: Callable[[int], str] = str  # class names once a model is loaded
+
+    @classmethod
+    def sharded(cls, config: Config, resources: PoolResources, **options) -> DetectorPool:
+        """A worker per configured device, the config's cameras dealt round-robin (a device
+        left without a camera gets no worker)."""
+        devices = config.model.worker_devices
+        cameras = [camera.id for camera in config.cameras]
+        plans = [
+            WorkerPlan(device, share, f"batcher-{index}")
+            for index, (device, share) in enumerate(
+                zip(devices, shard_cameras(cameras, len(devices)), strict=True)
+            )
+            if share
+        ]
+        return cls(config, resources, plans=plans, **options)
+
+    @classmethod
+    def leased(
+        cls,
+        config: Config,
+        resources: PoolResources,
+        *,
+        device: str | None,
+        worker_id: str | None,
+        **options,
+    ) -> DetectorPool:
+        """One worker on ``device`` (default: the config's first), no camera until its leases
+        deal them; ``worker_id`` unique among the workers (default: host-pid-random)."""
+        plan = WorkerPlan(
+            device or config.model.worker_devices[0], [], worker_id or new_worker_id()
+        )
+        return cls(config, resources, plans=[plan], leased=True, **options)
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    def load(self, *, since_ms: int) -> None:
+        """Load each worker's model and build the worker.  ``since_ms``: Redis time at which
+        this run began; older entries in the frames streams are an earlier run's."""
+        for plan in self._plans:
+            detector = self._detector_factory(self._config, plan.device)
+            self._detectors.append(detector)
+            self._workers.append(self._worker(plan, detector, since_ms))
+            self._label = detector.info.label
+
+    def start(self) -> None:
+        for plan, worker in zip(self._plans, self._workers, strict=True):
+            thread = threading.Thread(
+                target=self._run_worker, args=(worker,), name=f"fb-batcher-{plan.device}"
+            )
+            self._threads.append(thread)
+            thread.start()
+
+    def tick(self) -> None:
+        if self._keeper is not None:
+            self._keeper.tick()
+
+    def done(self) -> bool:
+        """Every worker has finished (``until_done``: its cameras ended), or one failed."""
+        return bool(self._failures) or not any(t.is_alive() for t in self._threads)
+
+    def stop(self) -> None:
+        """Wait for the workers to finish the frames they read, their cameras' leases kept
+        meanwhile; then (none failed) let the others take the cameras over at once."""
+        for thread in self._threads:
+            while thread.is_alive():
+                thread.join(JOIN_TICK_S)
+                if self._keeper is not None:
+                    self._keeper.keep_alive()
+        if self._keeper is not None and not self._failures:
+            self._keeper.leave()
+
+    def raise_failure(self) -> None:
+        if self._failures:
+            raise self._failures[0]
+
+    def close(self) -> None:
+        for detector in self._detectors:
+            detector.close()
+
+    # --- what the rest of the run asks --------------------------------------------------------
+    @property
+    def instances(self) -> int:
+        """Instances of the model over every worker."""
+        return sum(worker.instances for worker in self._workers)
+
+    def label(self, class_id: int) -> str:
+        return self._label(class_id)
+
+    def assign(self, camera: str, rules: CameraRules) -> None:
+        """Read a camera added live: on the worker that had it before (its reader may still
+        hold the stream), else on the one with the fewest active cameras."""
+        worker = self._owner.get(camera)
+        if worker is None:
+            load = {id(w): 0 for w in self._workers}
+            for active in self._active:
+                load[id(self._owner[active])] += 1
+            worker = min(self._workers, key=lambda w: load[id(w)])
+        self._owner[camera] = worker
+        self._active.add(camera)
+        worker.changes.add(camera, rules)
+
+    def set_rules(self, camera: str, rules: CameraRules) -> None:
+        self._owner[camera].changes.set_rules(camera, rules)
+
+    def forget(self, camera: str) -> None:
+        """Read no more of a camera removed live (every frame it sent is counted)."""
+        self._active.discard(camera)
+        self._owner[camera].changes.forget(camera)
+
+    # --- inside -------------------------------------------------------------------------------
+    def _worker(self, plan: WorkerPlan, detector: Detector, since_ms: int) -> BatchWorker:
+        """One worker over its share of the cameras, its policy seeded with t(b)."""
+        config, resources = self._config, self._resources
+        policy = batching_policy(config, until_done=self._until_done)
+        sizes = {1, config.batching.max_batch_size}
+        for size, seconds in time_batches(detector, sizes, run_shape(config, detector.info)):
+            policy.observe(size, seconds)  # the policy knows t(b) before the first frame
+        context = WorkerContext(
+            redis=resources.redis_client,
+            keys=resources.keys,
+            accounting=resources.accounting,
+            # a leased worker's consumer name is its id, which holds its leases and fences
+            # its position writes
+            acks=FrameAcks(
+                redis_client=resources.redis_client,
+                keys=resources.keys,
+                ledger_maxlen=config.redis.detections_maxlen,
+                lease_holder=plan.consumer if self._leased else None,
+            ),
+            telemetry=resources.telemetry,
+            consumer=plan.consumer,
+        )
+        changes = CameraChanges()
+        may_read = None
+        if self._leased:
+            self._keeper = self._lease_keeper(context, changes)
+            may_read = self._keeper.may_read
+        for camera in plan.cameras:
+            self._active.add(camera)
+        worker = BatchWorker(
+            context,
+            cameras=plan.cameras,
+            detector=detector,
+            policy=policy,
+            sink=resources.sink,
+            until_done=self._until_done,
+            since_ms=since_ms,
+            frame_decoder=FrameDecoder(host=host_id()),
+            changes=changes,
+            may_read=may_read,
+        )
+        self._owner.update(dict.fromkeys(plan.cameras, worker))
+        return worker
+
+    def _lease_keeper(self, context: WorkerContext, changes: CameraChanges) -> LeaseKeeper:
+        """The worker's leases, once no running worker has its id: the same id restarted (a
+        pod's container) waits out its old heartbeat; one that is still renewed belongs to
+        another running worker."""
+        client, keys, worker_id = context.redis, context.keys, context.consumer
+        deadline = time.monotonic() + self._config.redis.lease_ttl_s + 1
+        while worker_alive(client, keys, worker_id) and time.monotonic() < deadline:
+            self._stop.wait(0.25)
+        if worker_alive(client, keys, worker_id):
+            raise BadInput(
+                f"worker id {worker_id!r} is in use by a running detector worker: give each "
+                "worker its own --worker-id"
+            )
+        cameras = [camera.id for camera in self._config.cameras]
+        leases = CameraLeases(
+            client, keys, worker_id, cameras, ttl_s=self._config.redis.lease_ttl_s
+        )
+        rules = {
+            camera.id: camera_rules(self._config, camera, until_done=self._until_done)
+            for camera in self._config.cameras
+        }
+        return LeaseKeeper(context, leases=leases, changes=changes, rules=rules.__getitem__)
+
+    def _run_worker(self, worker: BatchWorker) -> None:
+        try:
+            worker.run(self._stop)
+        except BaseException as exc:  # noqa: BLE001 - the supervisor ends the run with it
+            self._failures.append(exc)
