@@ -1,7 +1,7 @@
 """Known models: a name a config may give as ``model.path`` (``yolov8n``) instead of a file,
 the official checkpoint behind it (URL and sha256, pinned), and where the ready ONNX lives.
 
-``framebatch models fetch NAME`` fills the cache (:mod:`pipeline.cli.models`); the config
+``framebatch models fetch NAME`` fills the cache (:mod:`detectors.fetch`); the config
 turns a known name into the cached ONNX's path, and loading a name not fetched yet says which
 command fetches it.  Nothing here downloads.
 """

@@ -1,98 +1,25 @@
-"""``framebatch models``: get a known model (``detectors.catalog``) ready to run.
-
-``fetch NAME`` puts ``NAME.onnx`` (dynamic batch, height and width: rectangular batches) in
-the cache, the first way that works:
-
-1. already there: kept;
-2. ``../shared/assets`` (or ``--assets``) holds the same network as such an ONNX: linked,
-   once its sha256 matched;
-3. download the official checkpoint from its pinned URL (or ``--mirror``), keep it only if
-   its sha256 matches, and export it with ``framebatch export``'s own ONNX exporter (which
-   needs the optional ``ultralytics`` extra to read a ``.pt``).
-"""
+"""``framebatch models``: fetch a known model (:mod:`detectors.fetch`) into the cache, or list
+the known ones."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from detectors.base import BackendUnavailable
-from detectors.catalog import CACHE_ENV, KNOWN_MODELS, KnownModel, cache_dir, model_path
-from detectors.downloads import (
-    FetchError,
-    download_verified,
-    has_sha256,
-    link_or_copy,
-    shared_assets_dir,
-)
+from detectors.catalog import CACHE_ENV, KNOWN_MODELS, cache_dir, model_path
+from detectors.downloads import FetchError, shared_assets_dir
+from detectors.fetch import fetch_model
 from pipeline.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUN_FAILED
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MIRROR_ENV = "FRAMEBATCH_MODEL_MIRROR"
 
 
-def fetch_model(
-    model: KnownModel,
-    *,
-    cache: Path,
-    assets_dir: Path | None,
-    allow_download: bool,
-    mirror: str | None = None,
-    say: Callable[[str], None] = lambda line: None,
-) -> Path:
-    """The model's ready ONNX in ``cache`` (see the module's docstring for the order tried).
-    Raises ``FetchError`` naming what failed; a failed fetch leaves no file behind."""
-    target = model_path(model.name, cache)
-    if target.is_file():
-        say(f"present    {target}")
-        return target
-    cache.mkdir(parents=True, exist_ok=True)
-    target.unlink(missing_ok=True)  # a dangling link from a moved assets folder
-    shared = assets_dir / model.shared_onnx if assets_dir is not None else None
-    if shared is not None and shared.is_file():
-        if not has_sha256(shared, model.shared_onnx_sha256):
-            raise FetchError(f"{shared} does not have the expected sha256")
-        how = link_or_copy(shared, target)
-        say(f"{how:<10} {target} <- {shared}")
-        return target
-    if not allow_download:
-        where = f"not in {assets_dir}" if assets_dir is not None else "no shared assets"
-        raise FetchError(f"{model.name}: {where}, and downloads are off (--no-download)")
-    checkpoint = cache / model.checkpoint_name
-    if has_sha256(checkpoint, model.checkpoint_sha256):
-        say(f"present    {checkpoint} (sha256 ok)")
-    else:
-        url = f"{mirror.rstrip('/')}/{model.checkpoint_name}" if mirror else model.checkpoint_url
-        say(f"download   {url}")
-        download_verified(url, checkpoint, model.checkpoint_sha256, what=model.checkpoint_name)
-        say(f"downloaded {checkpoint} (sha256 ok)")
-    export_onnx(checkpoint, target)
-    say(f"exported   {target}")
-    return target
-
-
-def export_onnx(checkpoint: Path, target: Path) -> None:
-    """The checkpoint as an ONNX with dynamic batch, height and width, written under a
-    temporary name and renamed, so an interrupted export is never taken for a model."""
-    from detectors.export import ExportRequest, export
-
-    partial = target.with_name(f".{target.stem}.part.onnx")
-    try:
-        export(ExportRequest(source=checkpoint, format="onnx", output=partial))
-        os.replace(partial, target)
-    except BackendUnavailable as exc:
-        raise FetchError(
-            f"{checkpoint.name} is downloaded and verified; exporting it to ONNX needs the "
-            f"optional extra: {exc}"
-        ) from exc
-    finally:
-        partial.unlink(missing_ok=True)
-
-
-def add_models_arguments(parser: argparse.ArgumentParser) -> None:
+def register(commands: Any) -> None:
+    parser = commands.add_parser("models", help="fetch a known model (yolov8n) into the cache")
     actions = parser.add_subparsers(dest="models_command", required=True)
     fetch = actions.add_parser(
         "fetch", help=f"put a known model's ONNX in the cache (${CACHE_ENV}, else ~/.cache)"
@@ -111,6 +38,7 @@ def add_models_arguments(parser: argparse.ArgumentParser) -> None:
         "pinned upstream URL); the sha256 is checked either way",
     )
     actions.add_parser("list", help="the known models, their pinned sources and cache state")
+    parser.set_defaults(handler=run_models)
 
 
 def run_models(args: argparse.Namespace) -> int:

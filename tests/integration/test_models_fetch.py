@@ -20,8 +20,8 @@ from detectors.backends import load_backend
 from detectors.catalog import KNOWN_MODELS, model_path
 from detectors.detector import Detector
 from detectors.downloads import FetchError, sha256_of
+from detectors.fetch import fetch_model
 from detectors.postprocess import Thresholds
-from pipeline.cli.models import fetch_model
 from pipeline.config import parse_config
 from streams.embedded_redis import free_tcp_port
 from tests.conftest import ASSETS, MODEL_ANY_SIZE, VIDEOS

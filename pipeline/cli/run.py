@@ -1,0 +1,185 @@
+"""``framebatch run``, ``decode`` and ``detect``: a daemon (or a replay) of each role."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from pipeline.cli.common import install_stop_handlers, print_event, report
+from pipeline.errors import EXIT_CAMERA_ERRORS, EXIT_OK, FramebatchError
+
+HTTP_HELP = (
+    "serve metrics, health, API and live view here instead of http.listen "
+    "(default 127.0.0.1:9108; port 0: any free one; off: none)"
+)
+
+
+def register(commands: Any) -> None:
+    run = commands.add_parser("run", help="run the pipeline daemon on a config")
+    run.add_argument("config", help="YAML config file")
+    run.add_argument(
+        "--until-done",
+        action="store_true",
+        help="replay mode: exit once every file source is processed",
+    )
+    run.add_argument("--summary-json", metavar="PATH", help="also write the summary as JSON")
+    run.add_argument("--http", metavar="HOST:PORT", help=HTTP_HELP)
+    run.set_defaults(handler=cmd_run)
+
+    decode = commands.add_parser(
+        "decode", help="run only the config's decoders (detector workers run elsewhere)"
+    )
+    decode.add_argument("config", help="YAML config file (its redis.url is the shared Redis)")
+    decode.set_defaults(handler=cmd_decode)
+
+    detect = commands.add_parser(
+        "detect",
+        help="run one detector worker; workers share the config's cameras through leases",
+    )
+    detect.add_argument("config", help="YAML config file (its redis.url is the shared Redis)")
+    detect.add_argument("--device", help="cpu, cuda or cuda:N (default: model.device)")
+    detect.add_argument(
+        "--worker-id",
+        help="this worker's name in the leases and the consumer group, unique among the "
+        "workers (e.g. the pod name; default: host-pid-random)",
+    )
+    detect.add_argument("--summary-json", metavar="PATH", help="also write the summary as JSON")
+    detect.add_argument("--http", metavar="HOST:PORT", help=HTTP_HELP)
+    detect.set_defaults(handler=cmd_detect)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from pipeline.daemon import Pipeline
+
+    def compose(config, stop: threading.Event) -> Pipeline:
+        return Pipeline.init_run(
+            config,
+            until_done=args.until_done,
+            config_dir=Path(args.config).absolute().parent,
+            stop=stop,
+            on_event=print_event,
+        )
+
+    return _serve(args, compose, progress=args.until_done)
+
+
+def cmd_detect(args: argparse.Namespace) -> int:
+    from pipeline.daemon import Pipeline
+
+    def compose(config, stop: threading.Event) -> Pipeline:
+        return Pipeline.init_detect(
+            config,
+            device=args.device,
+            worker_id=args.worker_id,
+            stop=stop,
+            on_event=print_event,
+        )
+
+    return _serve(args, compose)
+
+
+def cmd_decode(args: argparse.Namespace) -> int:
+    """Exits 1 when a camera's source failed: the frames' fate is the detector workers'
+    summary, each camera's end is known from its decoder's events."""
+    from pipeline.daemon import Pipeline
+
+    try:
+        config = _config(args)
+        stop = _stop_signal(config)
+        pipeline = Pipeline.init_decode(config, stop=stop, on_event=print_event)
+        pipeline.run()
+    except FramebatchError as exc:
+        return report(exc)
+    return EXIT_CAMERA_ERRORS if pipeline.cameras_in("failed") else EXIT_OK
+
+
+def _serve(args: argparse.Namespace, compose, *, progress: bool = False) -> int:
+    try:
+        config = _config(args)
+        pipeline = compose(config, _stop_signal(config))
+        if progress and sys.stderr.isatty():
+            summary = _run_with_progress(pipeline)
+        else:
+            summary = pipeline.run()
+    except FramebatchError as exc:
+        return report(exc)
+    print(summary.format())
+    if args.summary_json:
+        Path(args.summary_json).write_text(json.dumps(summary.to_json(), indent=2))
+    # a camera removed through the API was given up by the operator, not failed by its source
+    removed = set(pipeline.cameras_in("removed"))
+    failed = [c for c in summary.cameras if c.failed and c.camera not in removed]
+    return EXIT_CAMERA_ERRORS if failed else EXIT_OK
+
+
+def _stop_signal(config) -> threading.Event:
+    """The run's stop signal, set by the first SIGINT/SIGTERM; a second exits at once."""
+    from pipeline.supervisor.decoders import abandon_rings
+
+    stop = threading.Event()
+    install_stop_handlers(stop, lambda: abandon_rings(config.redis.prefix))
+    return stop
+
+
+def _config(args: argparse.Namespace):
+    """The config file with ``--http`` and ``--device`` applied."""
+    from pipeline.config import load_config
+
+    config = load_config(args.config)
+    http = getattr(args, "http", None)
+    if http is not None:
+        config = with_http_listen(config, None if http == "off" else http)
+    device = getattr(args, "device", None)
+    if device is not None:
+        config = with_worker_device(config, device)
+    return config
+
+
+def _run_with_progress(pipeline):
+    """The run with a progress bar per camera on the terminal, log lines above them."""
+    from pipeline.cli.progress import ProgressBars, expected_frames
+
+    totals = {camera.id: expected_frames(camera) for camera in pipeline.config.cameras}
+    bars = ProgressBars(sys.stderr, pipeline.cameras, totals)
+    root = logging.getLogger()
+    handlers = root.handlers[:]
+    root.handlers = [bars.log_handler(handler) for handler in handlers]
+    bars.start()
+    try:
+        return pipeline.run()
+    finally:
+        bars.close()
+        root.handlers = handlers
+
+
+def with_worker_device(config, device: str):
+    """The config with ``--device`` as the model's device (validated as the config is)."""
+    from pydantic import ValidationError
+
+    from pipeline.config import ConfigError, ModelConfig, format_validation_errors
+
+    try:
+        model = ModelConfig.model_validate(
+            {**config.model.model_dump(), "device": device, "devices": None}
+        )
+    except ValidationError as exc:
+        raise ConfigError(format_validation_errors(exc, ModelConfig), "--device") from None
+    return config.model_copy(update={"model": model})
+
+
+def with_http_listen(config, listen: str | None):
+    """The config with ``--http`` in place of ``http.listen`` (validated as the config is)."""
+    from pydantic import ValidationError
+
+    from pipeline.config import ConfigError, HttpConfig, format_validation_errors
+
+    try:
+        http = HttpConfig(listen=listen, token=config.http.token)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_errors(exc, HttpConfig), "--http") from None
+    return config.model_copy(update={"http": http})
