@@ -12,10 +12,12 @@ PEERS = ("ultralytics",)
 
 
 def register(commands: Any) -> None:
-    from framebatch_tools.bench.gpu import add_arguments as add_bench_gpu_arguments
-    from framebatch_tools.chaos.faults import add_arguments as add_chaos_arguments
-    from framebatch_tools.simulate.profiles import PROFILES
+    """Every tooling command, in the order ``framebatch --help`` lists them."""
+    for add in (_bench, _bench_transport, _bench_gpu, _simulate, _chaos):
+        add(commands)
 
+
+def _bench(commands: Any) -> None:
     bench = commands.add_parser(
         "bench", help="measure the detector alone and the pipeline end to end"
     )
@@ -51,6 +53,8 @@ def register(commands: Any) -> None:
     bench.add_argument("--output", metavar="PATH", help="write the figures as JSON")
     bench.set_defaults(handler=cmd_bench)
 
+
+def _bench_transport(commands: Any) -> None:
     transport = commands.add_parser(
         "bench-transport", help="frames/s through Redis of each frame transport (raw, jpeg, shm)"
     )
@@ -66,11 +70,19 @@ def register(commands: Any) -> None:
     transport.add_argument("--output", metavar="PATH", help="write the figures as JSON")
     transport.set_defaults(handler=cmd_bench_transport)
 
+
+def _bench_gpu(commands: Any) -> None:
+    from framebatch_tools.bench.gpu import add_arguments
+
     bench_gpu = commands.add_parser(
         "bench-gpu", help="the device path piece by piece (batch sizes, FP16, buffering, graphs)"
     )
-    add_bench_gpu_arguments(bench_gpu)
+    add_arguments(bench_gpu)
     bench_gpu.set_defaults(handler=cmd_bench_gpu)
+
+
+def _simulate(commands: Any) -> None:
+    from framebatch_tools.simulate.profiles import PROFILES
 
     simulate = commands.add_parser(
         "simulate", help="sweep the batching policies over simulated cameras (no Redis, no model)"
@@ -98,11 +110,15 @@ def register(commands: Any) -> None:
     )
     simulate.set_defaults(handler=cmd_simulate)
 
+
+def _chaos(commands: Any) -> None:
+    from framebatch_tools.chaos.faults import add_arguments
+
     chaos = commands.add_parser(
         "chaos",
         help="inject seeded faults (kills, Redis and RTSP restarts) and audit every frame",
     )
-    add_chaos_arguments(chaos)
+    add_arguments(chaos)
     chaos.set_defaults(handler=cmd_chaos)
 
 

@@ -7,89 +7,38 @@ config file's folder (passed as validation context ``base_dir``) but never check
 
 from __future__ import annotations
 
-import difflib
 import re
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args
-from urllib.parse import unquote, urlsplit
+from typing import Annotated, Literal, Union
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ModelWrapValidatorHandler,
-    PrivateAttr,
-    SerializationInfo,
-    SerializerFunctionWrapHandler,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_serializer,
-    model_validator,
-)
-from pydantic_core import InitErrorDetails
-from pydantic_core.core_schema import ErrorType
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from detectors.backends import backend_names, suffixes
 from detectors.catalog import KNOWN_MODELS, known_name, model_path
-from pipeline.batching.policies import (
-    DEFAULT_POLICY,
-    PolicyOptions,
-    policy_names,
-    policy_options_models,
-    policy_settings,
-)
-from pipeline.config.errors import (
-    Problem,
-    clip,
-    fail,
-    fail_at,
-)
+from pipeline.config.batching import BatchingConfig
+from pipeline.config.cameras import CameraConfig
+from pipeline.config.errors import Problem, clip, fail, fail_at
+from pipeline.config.fields import MODEL_CONFIG, Finite, key_part, resolve_path
 from streams.redis_connect import DEFAULT_RECONNECT_TIMEOUT_S
 from streams.sinks import DEFAULT_SINK, default_sinks, sink_options_models
-from streams.sources import MAX_FPS, MIN_FPS
-from streams.urls import is_live_url, redact_url, url_scheme
 
 #: Model file suffix -> backend name used by ``backend: auto`` (the detectors' own map).
 MODEL_SUFFIXES: dict[str, str] = suffixes()
 #: ``model.backend``: auto, or a module of ``detectors/backends`` (a new module is a new choice)
 BackendName = Literal[("auto", *backend_names())]  # type: ignore[valid-type]
 _DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")
-#: URL schemes a camera may use; anything without ``scheme://`` is a file path.
-CAMERA_SCHEMES = ("rtsp", "rtsps")
 
 #: One decode process per camera: past this, split the cameras across daemons.
 MAX_CAMERAS_PER_DAEMON = 64
-_KEY_PART = re.compile(r"[A-Za-z0-9_.-]+")
-_CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
-_MODEL_CONFIG = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
-
-Finite = Annotated[float, Field(allow_inf_nan=False)]
 ClassIds = Annotated[list[Annotated[int, Field(ge=0, le=999)]], Field(min_length=1)]
 #: A ``sinks:`` entry: the options of the sink its ``kind`` names (one module each).
 SinkSettings = Annotated[Union[sink_options_models()], Field(discriminator="kind")]  # noqa: UP007
 
 
-def _resolve(path: Path, info: ValidationInfo) -> Path:
-    """Join a relative path to the ``base_dir`` validation context, if any (no disk access)."""
-    base_dir = (info.context or {}).get("base_dir")
-    return Path(base_dir) / path if base_dir is not None and not path.is_absolute() else path
-
-
-def _key_part(value: str, what: str, max_len: int) -> str:
-    if len(value) > max_len or not _KEY_PART.fullmatch(value):
-        raise fail(
-            f"invalid {what} {clip(value)!r}: use 1-{max_len} letters, digits, '_', '.' or '-' "
-            "(it becomes part of Redis keys)"
-        )
-    return value
-
-
 class RedisConfig(BaseModel):
     """Where frames and detections live."""
 
-    model_config = _MODEL_CONFIG
+    model_config = MODEL_CONFIG
     url: str | None = Field(None, description="redis:// URL; unset: start a private redis-server")
     prefix: str = Field("fb", description="Key prefix: <prefix>:frames:{<camera>}, ...")
     frames_maxlen: int = Field(64, ge=2, description="MAXLEN ~ of each frames stream")
@@ -115,7 +64,7 @@ class RedisConfig(BaseModel):
     @field_validator("prefix")
     @classmethod
     def _check_prefix(cls, prefix: str) -> str:
-        return _key_part(prefix, "key prefix", 64)
+        return key_part(prefix, "key prefix", 64)
 
     @model_validator(mode="after")
     def _cluster_needs_url(self) -> RedisConfig:
@@ -127,7 +76,7 @@ class RedisConfig(BaseModel):
 class ModelConfig(BaseModel):
     """The detector model and its post-processing."""
 
-    model_config = _MODEL_CONFIG
+    model_config = MODEL_CONFIG
     path: Path = Field(
         description="Model file (relative paths are relative to the config file), or a known "
         "model's name (yolov8n: the ONNX `framebatch models fetch yolov8n` put in the cache)"
@@ -188,7 +137,7 @@ class ModelConfig(BaseModel):
                 f"unsupported model file {clip(path.name)!r} (supported suffixes: {supported}; "
                 f"or a known model: {known})"
             )
-        return _resolve(path, info)
+        return resolve_path(path, info)
 
     @field_validator("device")
     @classmethod
@@ -226,239 +175,10 @@ class ModelConfig(BaseModel):
         return [self.device]
 
 
-class BatchingConfig(BaseModel):
-    """How frames of all cameras are grouped into one inference batch.
-
-    The chosen policy's own settings (its module's ``Options`` in
-    ``pipeline/batching/policies/``) are written beside ``policy``, as in
-    ``{policy: aimd, latency_target_ms: 300}``, and read as :attr:`policy_options`.
-    """
-
-    model_config = _MODEL_CONFIG
-    policy: Literal[policy_names()] = Field(  # type: ignore[valid-type]
-        DEFAULT_POLICY,
-        description="When to dispatch a batch: a module of pipeline/batching/policies/ "
-        "(see docs/batching.md)",
-    )
-    max_batch_size: int = Field(8, ge=1, le=256, description="Most frames per inference batch")
-    max_wait_ms: Finite = Field(
-        50.0,
-        ge=0,
-        description="Cap of every frame's wait for a batch, in ms (the timeout policy's timeout)",
-    )
-    max_wait_frames: Finite | None = Field(
-        2.0, gt=0, description="Wait window in frame intervals of each camera's measured rate"
-    )
-    preferred_batch_sizes: list[int] = Field(
-        default_factory=list,
-        description="Sizes to dispatch at when a larger one cannot fill in time",
-    )
-    max_queue_frames: int | None = Field(
-        None,
-        ge=1,
-        description="Frames held for batching, then the lowest priority drops (4 x max batch)",
-    )
-    max_frame_age_ms: Finite | None = Field(
-        None,
-        gt=0,
-        description="Default freshness deadline, from capture, of cameras that may drop frames",
-    )
-    _policy_options: PolicyOptions = PrivateAttr()
-
-    @property
-    def policy_options(self) -> PolicyOptions:
-        """The chosen policy's own settings, validated (``target_utilisation`` for adaptive,
-        ``latency_target_ms`` for aimd): what ``make_policy`` takes as ``options``."""
-        return self._policy_options
-
-    @field_validator("preferred_batch_sizes")
-    @classmethod
-    def _check_preferred(cls, sizes: list[int], info: ValidationInfo) -> list[int]:
-        largest = info.data.get("max_batch_size", 256)
-        bad = [size for size in sizes if not 1 <= size <= largest]
-        if bad:
-            raise fail(f"sizes must be within 1..max_batch_size ({largest}); got {bad}")
-        return sorted(set(sizes))
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _policy_settings(
-        cls, data: Any, handler: ModelWrapValidatorHandler[BatchingConfig]
-    ) -> BatchingConfig:
-        """Validate the keys of the chosen policy's ``Options`` with it, reporting each error
-        at the key as written (``batching.target_utilisation``) and every error at once; a
-        setting of another policy is an error that names it."""
-        if not isinstance(data, Mapping):
-            return handler(data)  # a BatchingConfig already, or "must be a mapping"
-        policy = data.get("policy", DEFAULT_POLICY)
-        models = policy_options_models()
-        chosen = policy if isinstance(policy, str) and policy in models else None
-        own = policy_settings(chosen) if chosen else ()
-        owners: dict[str, list[str]] = {}
-        for name in models:
-            for setting in policy_settings(name):
-                owners.setdefault(setting, []).append(name)
-        shared: dict[str, Any] = {}
-        settings: dict[str, Any] = {}
-        problems: list[InitErrorDetails] = []
-        for key, value in data.items():
-            if key in own:
-                settings[key] = value
-            elif key in cls.model_fields:
-                shared[key] = value
-            elif key in owners:
-                if chosen:  # (with an unknown policy, that is the error, not its settings)
-                    names = owners[key]
-                    of = " and ".join(names) + (" policy" if len(names) == 1 else " policies")
-                    message = f"a setting of the {of}; batching.policy is {chosen}"
-                    problems.append(InitErrorDetails(type=fail(message), loc=(key,), input=value))
-            elif chosen and (message := cls._unknown_key(key, own)):
-                problems.append(InitErrorDetails(type=fail(message), loc=(), input=value))
-            else:  # unknown, closest to a shared key: pydantic's error, with the same hint
-                shared[key] = value
-        option_errors: list[InitErrorDetails] = []
-        options = None
-        if chosen:
-            try:
-                options = models[chosen].model_validate({**settings, "name": chosen})
-            except ValidationError as exc:
-                option_errors = cls._details(exc)
-        try:
-            config = handler(shared)
-        except ValidationError as exc:
-            if not option_errors and not problems:
-                raise
-            problems = [*cls._details(exc), *option_errors, *problems]
-        else:
-            problems = [*option_errors, *problems]
-        if problems:
-            raise ValidationError.from_exception_data(cls.__name__, problems)
-        config._policy_options = options
-        return config
-
-    @model_serializer(mode="wrap")
-    def _flat_policy_settings(
-        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
-    ) -> dict[str, Any]:
-        """The chosen policy's settings beside ``policy``, as a config file has them."""
-        data = handler(self)
-        data.update(self.policy_options.model_dump(mode=info.mode, exclude={"name"}))
-        return data
-
-    @staticmethod
-    def _unknown_key(key: Any, own: tuple[str, ...]) -> str | None:
-        """The error of an unknown key, hinting at the chosen policy's settings too; None
-        where the closest key is a shared one (pydantic's own error hints at that)."""
-        names = [*BatchingConfig.model_fields, *own]
-        close = difflib.get_close_matches(clip(str(key)), names, n=1)
-        if close and close[0] not in own:
-            return None
-        hint = (
-            f"; did you mean {close[0]!r}?" if close else f" (expected one of: {', '.join(names)})"
-        )
-        return f"unknown key {clip(str(key))!r}{hint}"
-
-    @staticmethod
-    def _details(exc: ValidationError) -> list[InitErrorDetails]:
-        """The errors of ``exc`` as they can be raised again together with others."""
-        details = []
-        for error in exc.errors(include_url=False):
-            kind, loc, value = error["type"], error["loc"], error["input"]
-            if kind not in get_args(ErrorType):  # our own ("config"): the message as it was
-                details.append(InitErrorDetails(type=fail(error["msg"]), loc=loc, input=value))
-                continue
-            detail = InitErrorDetails(type=kind, loc=loc, input=value)
-            if "ctx" in error:
-                detail["ctx"] = error["ctx"]
-            details.append(detail)
-        return details
-
-
-class CameraConfig(BaseModel):
-    """One video source: an RTSP stream or a video file."""
-
-    model_config = _MODEL_CONFIG
-    id: str = Field(description="Camera id, 1-64 of [A-Za-z0-9_.-]; part of Redis keys")
-    url: str = Field(description="rtsp:// or rtsps:// URL, or a file path (file:// allowed)")
-    realtime: bool | None = Field(None, description="Pace file playback at the clip's frame rate")
-    loop: bool = Field(False, description="Restart a file at its end (files only)")
-    fps: Finite | None = Field(
-        None, ge=MIN_FPS, le=MAX_FPS, description="Override of the pacing / frame rate"
-    )
-    max_backlog: int | None = Field(None, ge=1, description="Frames queued before drop or block")
-    vid_stride: int = Field(
-        1, ge=1, le=1000, description="Detect on every n-th decoded frame (others: sampled_out)"
-    )
-    max_fps: Finite | None = Field(
-        None,
-        ge=MIN_FPS,
-        le=MAX_FPS,
-        description="Detect on at most this many frames a second of stream time "
-        "(others: sampled_out)",
-    )
-    priority: int = Field(
-        0, ge=0, le=9, description="Priority level; 0 is served first and shed last"
-    )
-    max_wait_frames: Finite | None = Field(
-        None, gt=0, description="Overrides batching.max_wait_frames"
-    )
-    max_wait_ms: Finite | None = Field(None, ge=0, description="Overrides batching.max_wait_ms")
-    max_frame_age_ms: Finite | None = Field(
-        None, gt=0, description="Freshness deadline from capture; later frames drop as stale"
-    )
-    keep_latest: bool = Field(False, description="Only the newest frame matters; older ones drop")
-
-    @field_validator("id")
-    @classmethod
-    def _check_id(cls, camera_id: str) -> str:
-        return _key_part(camera_id, "camera id", 64)
-
-    @field_validator("url")
-    @classmethod
-    def _check_url(cls, url: str, info: ValidationInfo) -> str:
-        if _CONTROL_CHARACTERS.search(url):  # a newline would forge log lines, a NUL cut paths
-            raise fail("must not contain control characters (newlines, NUL...)")
-        scheme = url_scheme(url) or None
-        if scheme in CAMERA_SCHEMES:
-            # (the URL is not echoed: redaction cannot be trusted on a URL that does not parse)
-            try:
-                host = urlsplit(url).hostname
-            except ValueError as exc:
-                raise fail(f"not a valid URL ({exc})") from None
-            if not host:
-                raise fail(f"no host in the {scheme}:// URL")
-            return url
-        if scheme == "file":
-            rest = url[len("file://") :]
-            url = unquote(rest[len("localhost") :] if rest.startswith("localhost/") else rest)
-        elif scheme is not None:
-            raise fail(
-                f"unsupported URL scheme {clip(scheme)!r} in {clip(redact_url(url))!r} "
-                "(expected rtsp://, rtsps:// or a file path)"
-            )
-        if not url.strip():
-            raise fail("must not be empty")
-        if _CONTROL_CHARACTERS.search(url):  # %0A, %00 in a file:// URL
-            raise fail("must not contain control characters (newlines, NUL...)")
-        return str(_resolve(Path(url), info))
-
-    @model_validator(mode="after")
-    def _check_loop(self) -> CameraConfig:
-        if self.loop and self.is_live:
-            message = f"loop is only for files; {clip(redact_url(self.url))!r} is a live source"
-            raise fail_at(type(self).__name__, [(("loop",), message, True)])
-        return self
-
-    @property
-    def is_live(self) -> bool:
-        """True for network streams (rtsp, rtsps, rtmp, http(s), udp), False for files."""
-        return is_live_url(self.url)
-
-
 class TransportConfig(BaseModel):
     """How frame pixels travel from the decoders to the batcher (see docs/transports.md)."""
 
-    model_config = _MODEL_CONFIG
+    model_config = MODEL_CONFIG
     kind: Literal["auto", "raw", "jpeg", "shm"] = Field(
         "auto",
         description="auto: shm where Redis is on this host, else raw; raw: pixels inline; "
@@ -490,7 +210,7 @@ class HttpConfig(BaseModel):
     """The daemon's HTTP endpoint: Prometheus metrics, health probes, the camera API and the
     live view (Triton's metrics port, Frigate's API)."""
 
-    model_config = _MODEL_CONFIG
+    model_config = MODEL_CONFIG
     listen: str | None = Field(
         DEFAULT_HTTP_LISTEN,
         description="host:port to serve /metrics, /healthz, /readyz, /api and the live view "
@@ -533,7 +253,7 @@ class HttpConfig(BaseModel):
 class Config(BaseModel):
     """The whole framebatch config file."""
 
-    model_config = _MODEL_CONFIG
+    model_config = MODEL_CONFIG
     redis: RedisConfig = Field(default_factory=RedisConfig, description="Redis and its bounds")
     model: ModelConfig = Field(description="Detector model")
     batching: BatchingConfig = Field(default_factory=BatchingConfig, description="Batching policy")
