@@ -18,7 +18,7 @@ from streams.groups import ensure_group
 from streams.keys import StreamKeys
 from streams.messages import DetectionMessage
 from streams.redis_cluster import GroupsMissing, read_streams
-from streams.redis_connect import is_nogroup
+from streams.redis_errors import is_nogroup
 
 DEFAULT_BLOCK_MS = 500
 TRACKED_SESSIONS = 10_000  # decoder sessions remembered for de-duplication

@@ -30,12 +30,8 @@ from streams.events import EventLog
 from streams.keys import StreamKeys
 from streams.lifeline import ParentGone, die_with_parent, raise_parent_gone_on
 from streams.messages import EndOfStream, FrameMessage, new_session_id
-from streams.redis_connect import (
-    DEFAULT_RECONNECT_TIMEOUT_S,
-    OUTAGE_ERRORS,
-    connect,
-    is_outage,
-)
+from streams.redis_connect import DEFAULT_RECONNECT_TIMEOUT_S, connect
+from streams.redis_errors import OUTAGE_ERRORS, is_outage
 from streams.sampling import FrameSampler
 from streams.sources import SourceError, VideoSource
 from streams.transport import FrameEncoder, RawEncoder, TransportSpec, make_encoder

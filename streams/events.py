@@ -8,7 +8,7 @@ import time
 import redis
 
 from streams.keys import StreamKeys
-from streams.redis_connect import OUTAGE_ERRORS
+from streams.redis_errors import OUTAGE_ERRORS
 
 log = logging.getLogger(__name__)
 

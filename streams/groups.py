@@ -60,8 +60,9 @@ def claim(
     *,
     group: str = FRAMES_GROUP,
 ) -> list[tuple[bytes, dict[bytes, bytes] | None]]:
-    """Take these pending entries over, with their fields (an entry trimmed from the stream
-    meanwhile is dropped from the group and not returned)."""
+    """Take these pending entries over, with their fields.  An entry trimmed from the stream
+    meanwhile is dropped from the group and not returned (Redis 7), or returned without
+    fields (older servers): callers take a missing one as a frame lost with its reader."""
     return client.xclaim(key, group, consumer, 0, ids)
 
 

@@ -20,7 +20,6 @@ from redis.retry import Retry
 
 from streams.redis_cluster import connect_cluster
 from streams.redis_errors import OUTAGE_ERRORS, is_outage
-from streams.redis_errors import is_nogroup as is_nogroup  # re-exported: callers import it here
 
 log = logging.getLogger(__name__)
 

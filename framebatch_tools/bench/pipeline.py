@@ -229,7 +229,7 @@ def run_pipeline(config: Config) -> dict[str, Any]:
     detector = timed[-1]
     window_s = detector.last_infer - detector.first_infer
     infer_s = detector.seconds["infer"] / detector.instances
-    # the summary's wall time starts a few ms after run(): once its Redis answers
+    # the summary's wall time starts a few ms after init_run() began: once Redis answers
     startup_s = min(detector.first_infer - run_start, summary.wall_s)
     return {
         "processed": summary.processed,

@@ -25,11 +25,14 @@ def report(exc: FramebatchError) -> int:
 def install_stop_handlers(
     stop: threading.Event, on_exit_now: Callable[[], None] = lambda: None
 ) -> None:
-    """First SIGINT/SIGTERM: stop gracefully (the run's stop signal). Second:
-    ``on_exit_now()``, then exit now."""
+    """First SIGINT/SIGTERM: stop gracefully (the run's stop signal, which a run that ends by
+    itself sets too). Second: ``on_exit_now()``, then exit now."""
+    received = 0
 
     def handle(signum: int, _frame: object) -> None:
-        if stop.is_set():
+        nonlocal received
+        received += 1
+        if received > 1:
             on_exit_now()
             os._exit(128 + signum)
         log.warning(

@@ -77,7 +77,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
     from streams.consumer import DetectionConsumer
     from streams.keys import StreamKeys
     from streams.redis_access import describe_redis_error
-    from streams.redis_connect import connect, is_outage
+    from streams.redis_connect import connect
+    from streams.redis_errors import is_outage
 
     try:
         url = consume_redis_url(args)

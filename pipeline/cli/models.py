@@ -10,8 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from detectors.catalog import CACHE_ENV, KNOWN_MODELS, cache_dir, model_path
-from detectors.downloads import FetchError, shared_assets_dir
-from detectors.fetch import fetch_model
 from pipeline.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUN_FAILED
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -42,6 +40,9 @@ def register(commands: Any) -> None:
 
 
 def run_models(args: argparse.Namespace) -> int:
+    from detectors.downloads import FetchError, shared_assets_dir
+    from detectors.fetch import fetch_model
+
     if args.models_command == "list":
         for model in KNOWN_MODELS.values():
             path = model_path(model.name)

@@ -13,11 +13,6 @@ from typing import Any
 from pipeline.cli.common import install_stop_handlers, print_event, report
 from pipeline.errors import EXIT_CAMERA_ERRORS, EXIT_OK, FramebatchError
 
-HTTP_HELP = (
-    "serve metrics, health, API and live view here instead of http.listen "
-    "(default 127.0.0.1:9108; port 0: any free one; off: none)"
-)
-
 
 def register(commands: Any) -> None:
     run = commands.add_parser("run", help="run the pipeline daemon on a config")
@@ -28,7 +23,12 @@ def register(commands: Any) -> None:
         help="replay mode: exit once every file source is processed",
     )
     run.add_argument("--summary-json", metavar="PATH", help="also write the summary as JSON")
-    run.add_argument("--http", metavar="HOST:PORT", help=HTTP_HELP)
+    run.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="serve metrics, health, API and live view here instead of http.listen "
+        "(default 127.0.0.1:9108; port 0: any free one; off: none)",
+    )
     run.set_defaults(handler=cmd_run)
 
     decode = commands.add_parser(
@@ -49,7 +49,11 @@ def register(commands: Any) -> None:
         "workers (e.g. the pod name; default: host-pid-random)",
     )
     detect.add_argument("--summary-json", metavar="PATH", help="also write the summary as JSON")
-    detect.add_argument("--http", metavar="HOST:PORT", help=HTTP_HELP)
+    detect.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="serve metrics, health and live view here instead of http.listen (off: none)",
+    )
     detect.set_defaults(handler=cmd_detect)
 
 
@@ -91,8 +95,8 @@ def cmd_decode(args: argparse.Namespace) -> int:
     try:
         config = _config(args)
         stop = _stop_signal(config)
-        pipeline = Pipeline.init_decode(config, stop=stop, on_event=print_event)
-        pipeline.run()
+        with Pipeline.init_decode(config, stop=stop, on_event=print_event) as pipeline:
+            pipeline.run()
     except FramebatchError as exc:
         return report(exc)
     return EXIT_CAMERA_ERRORS if pipeline.cameras_in("failed") else EXIT_OK
@@ -101,11 +105,12 @@ def cmd_decode(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace, compose, *, progress: bool = False) -> int:
     try:
         config = _config(args)
-        pipeline = compose(config, _stop_signal(config))
+        stop = _stop_signal(config)
         if progress and sys.stderr.isatty():
-            summary = _run_with_progress(pipeline)
+            summary, pipeline = _run_with_progress(config, lambda: compose(config, stop))
         else:
-            summary = pipeline.run()
+            with compose(config, stop) as pipeline:
+                summary = pipeline.run()
     except FramebatchError as exc:
         return report(exc)
     print(summary.format())
@@ -140,18 +145,26 @@ def _config(args: argparse.Namespace):
     return config
 
 
-def _run_with_progress(pipeline):
-    """The run with a progress bar per camera on the terminal, log lines above them."""
+def _run_with_progress(config, compose):
+    """The run (composed and run) with a progress bar per camera on the terminal, log lines
+    above them; the bars are drawn from the run's start, models loading included."""
     from pipeline.cli.progress import ProgressBars, expected_frames
 
-    totals = {camera.id: expected_frames(camera) for camera in pipeline.config.cameras}
-    bars = ProgressBars(sys.stderr, pipeline.cameras, totals)
+    totals = {camera.id: expected_frames(camera) for camera in config.cameras}
+    composed = []  # the pipeline, once composed: the bars have nothing to draw before
+
+    def views():
+        return composed[0].cameras() if composed else None
+
+    bars = ProgressBars(sys.stderr, views, totals)
     root = logging.getLogger()
     handlers = root.handlers[:]
     root.handlers = [bars.log_handler(handler) for handler in handlers]
     bars.start()
     try:
-        return pipeline.run()
+        with compose() as pipeline:
+            composed.append(pipeline)
+            return pipeline.run(), pipeline
     finally:
         bars.close()
         root.handlers = handlers

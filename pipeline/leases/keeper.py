@@ -24,7 +24,7 @@ from pipeline.stages.changes import CameraChange, CameraChanges
 from pipeline.stages.context import WorkerContext
 from streams.groups import claim_pending
 from streams.messages import CameraPosition, LedgerEntry
-from streams.redis_connect import is_nogroup
+from streams.redis_errors import is_nogroup
 
 log = logging.getLogger(__name__)
 

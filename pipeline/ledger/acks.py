@@ -13,7 +13,7 @@ import redis
 from streams.keys import FRAMES_GROUP, StreamKeys
 from streams.messages import CameraPosition, LedgerEntry, merge_drops
 from streams.redis_cluster import SlotTransactions
-from streams.redis_connect import is_nogroup
+from streams.redis_errors import is_nogroup
 
 #: KEYS: cursor, lease; ARGV: the worker, then field, value pairs.  A camera's position is
 #: written only by the worker holding its lease: a write of a worker cut off from Redis, sent
@@ -43,6 +43,10 @@ class FrameAcks:
         self._keys = keys
         self._ledger_maxlen = ledger_maxlen
         self._lease_holder = lease_holder
+
+    @property
+    def lease_holder(self) -> str | None:
+        return self._lease_holder
 
     def transactions(self, *, atomic: bool = True) -> SlotTransactions:
         """MULTI/EXEC pipelines, one a camera on a Redis Cluster: a write Redis refuses at

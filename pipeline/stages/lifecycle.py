@@ -17,7 +17,7 @@ import redis
 
 from pipeline.errors import StageFailed
 from pipeline.telemetry import NO_TELEMETRY, Telemetry
-from streams.redis_connect import is_outage
+from streams.redis_errors import is_outage
 from streams.urls import redact_url
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from streams.groups import claim_pending, ensure_group
 from streams.keys import FRAMES_GROUP
 from streams.messages import EndOfStream, FrameMessage, LedgerEntry, message_kind
 from streams.redis_cluster import GroupsMissing, read_streams
-from streams.redis_connect import is_nogroup
+from streams.redis_errors import is_nogroup
 from streams.transport import FrameDecoder, TransportLost
 
 log = logging.getLogger(__name__)

@@ -57,6 +57,11 @@ class BatchWorker:
         cameras added, re-prioritised or let go while running (from any thread).
         ``may_read``: the camera leases' gate (``framebatch detect``): cameras move between
         workers, each camera's position is kept in Redis, and reads wait while it is false."""
+        if may_read is not None and context.acks.lease_holder != context.consumer:
+            raise ValueError(
+                "a worker under camera leases writes positions fenced by its consumer name: "
+                "its context's acks must hold the leases as that consumer"
+            )
         self._context = context
         self._cameras = cameras
         self._detector = detector

@@ -15,24 +15,20 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import redis
 from pydantic import ValidationError
 
 from pipeline.batching import CameraRules
 from pipeline.config import MAX_CAMERAS_PER_DAEMON, CameraConfig, Config
 from pipeline.config.errors import ConfigError, format_validation_errors
 from pipeline.ledger.accounting import Accounting
-from pipeline.ledger.acks import FrameAcks
 from pipeline.ledger.earlier_runs import drain
-from pipeline.serve.control import CameraConflict, CameraNotFound, CameraStates, CameraView, Control
-from pipeline.serve.live_view import LiveFrames
-from pipeline.serve.metrics import PrometheusTelemetry
+from pipeline.serve.control import CameraConflict, CameraNotFound, CameraStates, CameraView
 from pipeline.supervisor.builders import camera_rules
 from pipeline.supervisor.decoders import DecoderSupervisor
 from pipeline.supervisor.detectors import DetectorPool
 from pipeline.supervisor.part import Part
+from pipeline.supervisor.services import Services
 from streams.groups import ensure_group
-from streams.keys import StreamKeys
 from streams.urls import redact_url
 
 log = logging.getLogger(__name__)
@@ -60,17 +56,12 @@ class LiveCameras(Part):
     def __init__(
         self,
         config: Config,
+        services: Services,
         *,
         config_dir: Path,
         until_done: bool,
         decoders: DecoderSupervisor,
         pool: DetectorPool,
-        control: Control,
-        metrics: PrometheusTelemetry,
-        live: LiveFrames,
-        redis_client: redis.Redis,
-        keys: StreamKeys,
-        acks: FrameAcks,
     ):
         """``config_dir``: where relative file paths of cameras added are resolved (the
         config's folder, as for the config's own cameras)."""
@@ -79,12 +70,12 @@ class LiveCameras(Part):
         self._until_done = until_done
         self._decoders = decoders
         self._pool = pool
-        self._control = control
-        self._metrics = metrics
-        self._live = live
-        self._redis = redis_client
-        self._keys = keys
-        self._acks = acks
+        self._control = services.control
+        self._metrics = services.metrics
+        self._live = services.live
+        self._redis = services.client
+        self._keys = services.keys
+        self._acks = services.acks
 
     @property
     def _states(self) -> CameraStates:
@@ -137,6 +128,7 @@ class LiveCameras(Part):
         """Stop the camera's decoder; it is removed once drained (``tick``)."""
         self._active(camera_id)
         self._decoders.remove(camera_id)
+        self._pool.draining(camera_id)
         self._states.set(camera_id, "draining")
         log.info("camera %s: removing (draining its frames)", camera_id)
         return self._control.camera(camera_id)
@@ -149,6 +141,7 @@ class LiveCameras(Part):
             if self._accounting.outstanding(camera):
                 continue
             self._pool.forget(camera)
+            self._decoders.retire(camera)
             self._live.forget(camera)
             self._states.set(camera, "removed")
             log.info("camera %s removed", camera)

@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 import redis
 
 from pipeline.config import CameraConfig, Config
-from pipeline.ledger.accounting import Accounting
-from pipeline.serve.control import CameraStates
 from pipeline.supervisor.builders import (
     decode_threads,
     decoder_spec,
@@ -27,6 +25,7 @@ from pipeline.supervisor.builders import (
     transport_spec,
 )
 from pipeline.supervisor.part import Part
+from pipeline.supervisor.services import Services
 from streams.decode_worker import DecoderJob, DecoderSpec, ProcessFlag, run_decoder_process
 from streams.events import EventLog
 from streams.keys import StreamKeys
@@ -82,13 +81,9 @@ class DecoderSupervisor(Part):
 
     def __init__(
         self,
-        *,
         config: Config,
-        redis_url: str,
-        client: redis.Redis,
-        keys: StreamKeys,
-        accounting: Accounting,
-        states: CameraStates,
+        services: Services,
+        *,
         until_done: bool = False,
         rings_read_here: bool = True,
     ):
@@ -96,17 +91,17 @@ class DecoderSupervisor(Part):
         which may go once those workers have stopped (``close``); otherwise (split roles) a
         decoder keeps its ring until its stream is read, or nobody read it for a while."""
         self._config = config
-        self._client = client
-        self._keys = keys
-        self._accounting = accounting
-        self._states = states
+        self._client = services.client
+        self._keys = services.keys
+        self._accounting = services.accounting
+        self._states = services.states
         self._until_done = until_done
         self._decoders: dict[str, _Decoder] = {}
         self._sessions: dict[str, int] = {}  # decoder processes started per camera
         self._stopping = False  # no restarts from here on
         self._host = host_id()
         self._released = ProcessFlag() if rings_read_here else None
-        self._redis_url = redis_url
+        self._redis_url = services.redis_url
         self._letterbox = frame_letterbox(config)  # square, or rect where the model allows it
         self._transport = transport_spec(config)
         # every camera this run decoded: decoders thread by how many there are
@@ -114,8 +109,7 @@ class DecoderSupervisor(Part):
 
     # --- lifecycle ------------------------------------------------------------------------------
     def launch(self) -> None:
-        """A decoder for each of the config's cameras (after the rings dead processes left)."""
-        remove_segments(self._keys.prefix, host=self._host)
+        """A decoder for each of the config's cameras."""
         for camera in self._config.cameras:
             self.add(camera)
 
@@ -191,6 +185,10 @@ class DecoderSupervisor(Part):
 
     def removing(self, camera: str) -> bool:
         return self._decoders[camera].removing
+
+    def retire(self, camera: str) -> None:
+        """A removed camera is drained: its decoder is looked after no more."""
+        self._decoders[camera].finished = True
 
     def removals(self) -> list[str]:
         """Cameras removed (draining, or drained)."""

@@ -111,7 +111,15 @@ class DetectorPool(Part):
         self._label: Callable[[int], str] = str  # class names once a model is loaded
 
     @classmethod
-    def sharded(cls, config: Config, resources: PoolResources, **options) -> DetectorPool:
+    def sharded(
+        cls,
+        config: Config,
+        resources: PoolResources,
+        *,
+        stop: threading.Event,
+        until_done: bool,
+        detector_factory: Callable[[Config, str], Detector],
+    ) -> DetectorPool:
         """A worker per configured device, the config's cameras dealt round-robin (a device
         left without a camera gets no worker)."""
         devices = config.model.worker_devices
@@ -123,7 +131,14 @@ class DetectorPool(Part):
             )
             if share
         ]
-        return cls(config, resources, plans=plans, **options)
+        return cls(
+            config,
+            resources,
+            plans=plans,
+            stop=stop,
+            until_done=until_done,
+            detector_factory=detector_factory,
+        )
 
     @classmethod
     def leased(
@@ -133,14 +148,23 @@ class DetectorPool(Part):
         *,
         device: str | None,
         worker_id: str | None,
-        **options,
+        stop: threading.Event,
+        detector_factory: Callable[[Config, str], Detector],
     ) -> DetectorPool:
         """One worker on ``device`` (default: the config's first), no camera until its leases
         deal them; ``worker_id`` unique among the workers (default: host-pid-random)."""
         plan = WorkerPlan(
             device or config.model.worker_devices[0], [], worker_id or new_worker_id()
         )
-        return cls(config, resources, plans=[plan], leased=True, **options)
+        return cls(
+            config,
+            resources,
+            plans=[plan],
+            stop=stop,
+            until_done=False,
+            detector_factory=detector_factory,
+            leased=True,
+        )
 
     # --- lifecycle ----------------------------------------------------------------------------
     def load(self, *, since_ms: int) -> None:
@@ -149,7 +173,11 @@ class DetectorPool(Part):
         for plan in self._plans:
             detector = self._detector_factory(self._config, plan.device)
             self._detectors.append(detector)
-            self._workers.append(self._worker(plan, detector, since_ms))
+            context = self._context(plan)
+            changes = CameraChanges()
+            if self._leased:
+                self._keeper = self._lease_keeper(context, changes)
+            self._workers.append(self._worker(plan, context, changes, detector, since_ms))
             self._label = detector.info.label
 
     def start(self) -> None:
@@ -212,20 +240,19 @@ class DetectorPool(Part):
     def set_rules(self, camera: str, rules: CameraRules) -> None:
         self._owner[camera].changes.set_rules(camera, rules)
 
+    def draining(self, camera: str) -> None:
+        """A camera being removed: read until drained, no longer a worker's load."""
+        self._active.discard(camera)
+
     def forget(self, camera: str) -> None:
         """Read no more of a camera removed live (every frame it sent is counted)."""
         self._active.discard(camera)
         self._owner[camera].changes.forget(camera)
 
     # --- inside -------------------------------------------------------------------------------
-    def _worker(self, plan: WorkerPlan, detector: Detector, since_ms: int) -> BatchWorker:
-        """One worker over its share of the cameras, its policy seeded with t(b)."""
-        config, resources = self._config, self._resources
-        policy = batching_policy(config, until_done=self._until_done)
-        sizes = {1, config.batching.max_batch_size}
-        for size, seconds in time_batches(detector, sizes, run_shape(config, detector.info)):
-            policy.observe(size, seconds)  # the policy knows t(b) before the first frame
-        context = WorkerContext(
+    def _context(self, plan: WorkerPlan) -> WorkerContext:
+        resources = self._resources
+        return WorkerContext(
             redis=resources.redis_client,
             keys=resources.keys,
             accounting=resources.accounting,
@@ -234,30 +261,39 @@ class DetectorPool(Part):
             acks=FrameAcks(
                 redis_client=resources.redis_client,
                 keys=resources.keys,
-                ledger_maxlen=config.redis.detections_maxlen,
+                ledger_maxlen=self._config.redis.detections_maxlen,
                 lease_holder=plan.consumer if self._leased else None,
             ),
             telemetry=resources.telemetry,
             consumer=plan.consumer,
         )
-        changes = CameraChanges()
-        may_read = None
-        if self._leased:
-            self._keeper = self._lease_keeper(context, changes)
-            may_read = self._keeper.may_read
-        for camera in plan.cameras:
-            self._active.add(camera)
+
+    def _worker(
+        self,
+        plan: WorkerPlan,
+        context: WorkerContext,
+        changes: CameraChanges,
+        detector: Detector,
+        since_ms: int,
+    ) -> BatchWorker:
+        """One worker over its share of the cameras, its policy seeded with t(b)."""
+        config = self._config
+        policy = batching_policy(config, until_done=self._until_done)
+        sizes = {1, config.batching.max_batch_size}
+        for size, seconds in time_batches(detector, sizes, run_shape(config, detector.info)):
+            policy.observe(size, seconds)  # the policy knows t(b) before the first frame
+        self._active.update(plan.cameras)
         worker = BatchWorker(
             context,
             cameras=plan.cameras,
             detector=detector,
             policy=policy,
-            sink=resources.sink,
+            sink=self._resources.sink,
             until_done=self._until_done,
             since_ms=since_ms,
             frame_decoder=FrameDecoder(host=host_id()),
             changes=changes,
-            may_read=may_read,
+            may_read=self._keeper.may_read if self._keeper is not None else None,
         )
         self._owner.update(dict.fromkeys(plan.cameras, worker))
         return worker
@@ -269,7 +305,8 @@ class DetectorPool(Part):
         client, keys, worker_id = context.redis, context.keys, context.consumer
         deadline = time.monotonic() + self._config.redis.lease_ttl_s + 1
         while worker_alive(client, keys, worker_id) and time.monotonic() < deadline:
-            self._stop.wait(0.25)
+            if self._stop.wait(0.25):
+                break  # stopped meanwhile: the id's owner is judged now
         if worker_alive(client, keys, worker_id):
             raise BadInput(
                 f"worker id {worker_id!r} is in use by a running detector worker: give each "

@@ -24,6 +24,8 @@ from streams.groups import ensure_group
 from streams.keys import StreamKeys
 from streams.redis_access import RedisAccessError, check_access, describe_redis_error
 from streams.redis_connect import CONNECT_TIMEOUT_S, connect
+from streams.shm_ring import remove_segments
+from streams.transport import host_id
 
 #: Further start-up probes of a role's Redis rights (``streams.redis_access.check_access``).
 Probes = Callable[[redis.Redis, str], list[tuple[str, Callable[[], Any]]]]
@@ -80,6 +82,7 @@ def open_services(
     # unseen, and never processes them as this run's.
     for camera in config.cameras:
         ensure_group(client, keys.frames(camera.id))
+    remove_segments(keys.prefix, host=host_id())  # shm rings of processes that died
     registry = CollectorRegistry()
     metrics, live = PrometheusTelemetry(registry), LiveFrames()
     exporters = (metrics, live) if live_view else (metrics,)

@@ -4,26 +4,22 @@ each one).  Every event of this run is relayed, whichever process decodes the ca
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import redis
 
-from pipeline.serve.control import CameraStates
 from pipeline.supervisor.part import Part
+from pipeline.supervisor.services import Services
 from streams.events import EventLog
-from streams.keys import StreamKeys
+
+log = logging.getLogger(__name__)
 
 
 class EventRelay(Part):
-    def __init__(
-        self,
-        redis_client: redis.Redis,
-        keys: StreamKeys,
-        states: CameraStates,
-        on_event: Callable[[dict[str, str]], None],
-    ):
-        self._events = EventLog(redis_client, keys)
-        self._states = states
+    def __init__(self, services: Services, on_event: Callable[[dict[str, str]], None]):
+        self._events = EventLog(services.client, services.keys)
+        self._states = services.states
         self._on_event = on_event
         self._last = self._events.last_id()  # events before this run are not this run's
 
@@ -34,5 +30,9 @@ class EventRelay(Part):
             self._on_event(event)
 
     def stop(self) -> None:
-        """What came before the stop is still relayed."""
-        self.tick()
+        """What came before the stop is still relayed (unless Redis is away: the run is
+        ending anyway, and the parts after this one must still stop)."""
+        try:
+            self.tick()
+        except redis.RedisError as exc:
+            log.warning("decoder events not relayed while stopping: %s", exc)

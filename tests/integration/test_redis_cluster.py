@@ -20,7 +20,8 @@ from pipeline.leases.camera_leases import lease_probes
 from streams.keys import StreamKeys
 from streams.redis_access import check_access
 from streams.redis_cluster import GroupsMissing, SlotTransactions, read_streams
-from streams.redis_connect import connect, is_nogroup, is_outage
+from streams.redis_connect import connect
+from streams.redis_errors import is_nogroup, is_outage
 from tests.conftest import MODEL, SAMPLE_CLIPS
 from tests.integration.runner import framebatch, wait_for, write_config
 from tests.integration.test_bad_input import DAEMON_RULES, DETECT_RULES

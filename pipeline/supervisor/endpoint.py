@@ -1,0 +1,74 @@
+"""The run's HTTP endpoint (metrics, health, the camera API, the live view): its socket bound
+before anything slow starts, the server started once the parts it shows exist, so it answers
+``/healthz`` while the models load.  The HTTP stack is imported only where it serves."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Callable
+from contextlib import ExitStack
+from typing import TYPE_CHECKING
+
+from pipeline.config import Config
+from pipeline.supervisor.services import Services
+
+if TYPE_CHECKING:
+    from pipeline.serve.http import CameraOps
+
+log = logging.getLogger(__name__)
+
+
+def bind_http(config: Config, stack: ExitStack) -> socket.socket | None:
+    """The HTTP socket of ``http.listen``.  A port set in the config or with --http that is
+    taken is bad input (exit 2); the default one taken (another daemon on this host) only
+    costs this run its endpoint, with a warning, as running several daemons is how one goes
+    past 64 cameras."""
+    listen = config.http.listen
+    if listen is None:
+        return None
+    from pipeline.serve.http import bind
+
+    try:
+        sock = bind(listen)
+    except ValueError:
+        if "listen" in config.http.model_fields_set:
+            raise
+        log.warning(
+            "http: %s is taken (another framebatch?): no metrics, API or live view for this "
+            "run; set http.listen (or --http) to serve them elsewhere",
+            listen,
+        )
+        return None
+    stack.callback(sock.close)
+    return sock
+
+
+def start_http(
+    sock: socket.socket | None,
+    services: Services,
+    *,
+    cameras: CameraOps,
+    label: Callable[[int], str],
+    token: str | None,
+    stack: ExitStack,
+) -> str | None:
+    """The endpoint on its own thread; returns its URL (None when there is no socket).
+    ``cameras``: the camera changes the API may make."""
+    if sock is None:
+        return None
+    from pipeline.serve.http import HttpServer, build_app
+
+    app = build_app(
+        control=services.control,
+        cameras=cameras,
+        registry=services.registry,
+        live=services.live,
+        utilization=services.metrics.utilization.ratio,
+        label=label,
+        token=token,
+    )
+    server = HttpServer(app, sock)
+    server.start()
+    stack.callback(server.close)
+    return server.url
