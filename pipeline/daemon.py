@@ -15,13 +15,15 @@ a caller), the part the role ends with is done (``--until-done``: every camera e
 
 The stop order, the one path every way of ending takes:
 
-1. the run's ``stop`` is set (if a signal has not set it already): every detector worker
-   stops reading, dispatches what its policy holds and publishes its batches in flight; the
-   API takes no more requests;
+1. the run's ``stop`` is set (if a signal has not set it already); the API takes no more
+   requests;
 2. the parts stop in the order the role composed them, each whatever the one before raised:
-   decoder status events are relayed a last time; the decoders restart no more and each is
-   asked to stop; the detector pool waits for its workers, renewing its leases meanwhile,
-   then leaves them to the other workers;
+   the decoders restart no more and each is asked to stop (it writes its session's end entry
+   after the frame it is on); the detector pool's workers read on until each camera's end
+   entry, for at most ``DRAIN_S`` (6 s; a leased worker, whose decoders run elsewhere, stops
+   reading at once), dispatch what their policies hold and publish their batches in flight,
+   leases renewed meanwhile, then leave the leases to the other workers; decoder status
+   events are relayed a last time (how each camera ended);
 3. what was opened closes in reverse (the run's exit stack): the models; the HTTP server; the
    decoders' shm rings are released, the decoders joined (join → terminate → kill) and the
    rings of any killed removed; the sinks; the Redis clients; the private redis-server.
@@ -158,7 +160,7 @@ class Pipeline:
                 stop=stop,
                 services=services,
                 stack=stack,
-                parts=[events, decoders, live_cameras, pool],
+                parts=[decoders, live_cameras, pool, events],
                 ends_with=pool,
                 http_url=http_url,
             )
@@ -189,7 +191,7 @@ class Pipeline:
                 stop=stop,
                 services=services,
                 stack=stack,
-                parts=[events, decoders],
+                parts=[decoders, events],
                 ends_with=decoders,
             )
 
@@ -245,7 +247,7 @@ class Pipeline:
                 stop=stop,
                 services=services,
                 stack=stack,
-                parts=[events, pool],
+                parts=[pool, events],
                 ends_with=pool,
                 http_url=http_url,
             )
@@ -262,7 +264,7 @@ class Pipeline:
                 while not self._ends_with.done() and not self.stop.wait(SUPERVISE_TICK_S):
                     self._tick()
                 if self.stop.is_set():
-                    log.info("stopping: finishing the batch in flight")
+                    log.info("stopping: reading each camera to its end, then the batches in flight")
             finally:
                 self._stop_in_order()
             for part in self._parts:

@@ -9,6 +9,7 @@ Pixels travel as the configured transport's encoder makes them (:mod:`streams.tr
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import math
@@ -20,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import Protocol
 
 import cv2
@@ -385,9 +387,14 @@ class DecoderJob:
 
 
 def run_decoder_process(
-    job: DecoderJob, stop: StopSignal, released: StopSignal | None = None
+    job: DecoderJob,
+    stop: StopSignal,
+    released: StopSignal | None = None,
+    ends: Connection | None = None,
 ) -> None:
     """Process entry point: the parent coordinates shutdown, so SIGINT is ignored here.
+    ``ends``: where the session's end entry is sent too, once it is in Redis (the supervisor
+    writes it again should Redis lose it before it was read).
 
     With the shm transport the ring lives until the batcher has read this camera's frames, or
     until the parent sets ``released`` (its batcher has stopped); then it is unlinked.  With
@@ -417,7 +424,7 @@ def run_decoder_process(
     )
     orphaned = redis_gone = False
     try:
-        DecodeWorker(
+        end = DecodeWorker(
             spec=spec,
             redis_client=client,
             keys=keys,
@@ -425,6 +432,9 @@ def run_decoder_process(
             encoder=encoder,
             fail_fast_client=fail_fast,
         ).run(stop)
+        if ends is not None:
+            with contextlib.suppress(OSError):  # the supervisor is gone: nobody to tell
+                ends.send(end.to_fields())
     except ParentGone:
         orphaned = True  # nobody will read the ring any more
         raise

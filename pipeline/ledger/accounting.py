@@ -39,6 +39,7 @@ class _CameraState:
     dropped: Counter[str] = field(default_factory=Counter)
     ended: bool = False
     ends: int = 0  # end entries read: one per decoder session, whatever ended it
+    ended_sessions: set[str] = field(default_factory=set)  # their sessions (when they had one)
     end_reason: str = ""
     end_error: str = ""
     latencies: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_SAMPLES))
@@ -63,6 +64,7 @@ class Accounting:
         self._clock = clock
         self._cameras = {camera: _CameraState() for camera in cameras}
         self._batch_sizes: Counter[int] = Counter()
+        self._redis_losses = 0  # times Redis was found to have lost its data
         self._started = clock()
         self._first_published: float | None = None
         self._last_published: float | None = None
@@ -226,14 +228,28 @@ class Accounting:
             state.decoded = state.earlier_sessions + state.decode_errors
             state.ended, state.end_reason, state.end_error = True, reason, error
             state.ends += 1
+            if session:
+                state.ended_sessions.add(session)
             return entries
 
     def on_redis_lost(self, cameras: list[str]) -> None:
         """Redis came back without its data: the frames it held unread show up as the next gap
         of each camera, counted as ``redis_lost``."""
         with self._lock:
+            self._redis_losses += 1
             for camera in cameras:
                 self._state(camera).redis_lost = True
+
+    def redis_losses(self) -> int:
+        """How many times a reader found Redis without its data (the supervisor then writes
+        again the end entries of decoder sessions it knows ended, which went with it)."""
+        with self._lock:
+            return self._redis_losses
+
+    def session_ended(self, camera: str, session: str) -> bool:
+        """Whether the end entry of this decoder session has been read."""
+        with self._lock:
+            return session in self._state(camera).ended_sessions
 
     def on_previous_run(
         self,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 from dataclasses import replace
 
 import redis
@@ -50,12 +51,14 @@ class FrameReader:
         outbox: Handoff[PreparedBatch],
         meter: InferenceMeter,
         frame_decoder: FrameDecoder,
-        until_done: bool,
+        finish: threading.Event,
         since_ms: int,
         changes: CameraChanges | None = None,
         handover: NoHandover = NO_HANDOVER,
     ):
-        """``since_ms``: Redis time at which this run began; older entries are an earlier run's.
+        """``finish``: once set, read until every camera's end entry (from the start for a
+        replay, ``--until-done``; when a run stops, so each camera's end is read).
+        ``since_ms``: Redis time at which this run began; older entries are an earlier run's.
         ``changes``: cameras added or removed while running.  ``handover``: the reader's side
         of the camera leases, when cameras move between workers."""
         self._context = context
@@ -72,7 +75,7 @@ class FrameReader:
         self._outbox = outbox
         self._meter = meter
         self._frames = frame_decoder
-        self._until_done = until_done
+        self._finish = finish
         self._handover = handover
         self._earlier_runs = EarlierRunEntries(context, since_ms=since_ms)
         self._batch_ids = itertools.count()
@@ -100,7 +103,7 @@ class FrameReader:
         return claimed
 
     def run(self) -> None:
-        """Read until stopped, failed or (``until_done``) every camera ended; then dispatch
+        """Read until stopped, failed or (once ``finish`` is set) every camera ended; then dispatch
         what the policy holds, and close the hand-off to the inferer."""
         try:
             self._read_loop()
@@ -114,7 +117,7 @@ class FrameReader:
             self._apply_changes()
             for size, seconds in self._meter.samples():
                 policy.observe(size, seconds)
-            if stop.is_set() or (self._until_done and self._accounting.ended(self._cameras)):
+            if stop.is_set() or (self._finish.is_set() and self._accounting.ended(self._cameras)):
                 # stopping, or nothing more can arrive: what was read is in flight, finish it
                 for batch in policy.flush():
                     self._dispatch(batch)

@@ -35,7 +35,8 @@ __all__ = ["BatchWorker", "PendingFrame", "StageFailed"]
 
 
 class BatchWorker:
-    """Runs the three stages until ``stop`` is set, or until every camera ended (``until_done``)."""
+    """Runs the three stages until ``stop`` is set, or until every camera ended once
+    ``finish`` is set (``until_done``: from the start)."""
 
     def __init__(
         self,
@@ -82,8 +83,9 @@ class BatchWorker:
         """The cameras this worker was given at start (later changes go through ``changes``)."""
         return self._cameras
 
-    def run(self, stop: threading.Event) -> None:
+    def run(self, stop: threading.Event, finish: threading.Event | None = None) -> None:
         """Serve until stopped or done; always finishes and publishes the batches in flight.
+        ``finish``: once set (a run stopping gracefully), read on until every camera ended.
         Raises ``StageFailed`` when a stage died (what it had not published stays pending)."""
         context = self._context
         lifecycle = Lifecycle(stop, context.telemetry)
@@ -95,6 +97,9 @@ class BatchWorker:
             if self._may_read is None
             else CameraHandover(context, may_read=self._may_read)
         )
+        finish = finish or threading.Event()
+        if self._until_done:
+            finish.set()
         reader = FrameReader(
             context,
             lifecycle=lifecycle,
@@ -104,7 +109,7 @@ class BatchWorker:
             outbox=prepared,
             meter=meter,
             frame_decoder=self._frames,
-            until_done=self._until_done,
+            finish=finish,
             since_ms=self._since_ms,
             changes=self.changes,
             handover=handover,

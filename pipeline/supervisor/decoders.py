@@ -2,7 +2,10 @@
 camera's dies, each stopped on its own (a camera removed live) or all together.
 
 A decoder that dies without its end entry (segfault, OOM kill) gets one written here from the
-progress it kept, so every session of every camera ends in the frames stream.  With the shm
+progress it kept, so every session of every camera ends in the frames stream.  Every session's
+end entry is also kept here until it has been read: Redis restarting without its data can take
+an end entry with it (a file camera's decoder that finished before the restart), and the run
+would wait for it for ever; after such a loss the lost ones are written again.  With the shm
 transport a decoder's ring outlives it until its frames are read; the rings of decoders that
 died are removed here.
 """
@@ -14,6 +17,7 @@ import multiprocessing
 import os
 import time
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 
 import redis
 
@@ -29,7 +33,7 @@ from pipeline.supervisor.services import Services
 from streams.decode_worker import DecoderJob, DecoderSpec, ProcessFlag, run_decoder_process
 from streams.events import EventLog
 from streams.keys import StreamKeys
-from streams.messages import EndOfStream, session_progress
+from streams.messages import EndOfStream, message_kind, session_progress
 from streams.shm_ring import remove_segments
 from streams.transport import host_id
 
@@ -67,6 +71,7 @@ class _Decoder:
     spec: DecoderSpec
     stop: ProcessFlag  # this decoder's own: a camera removed live stops alone
     process: multiprocessing.process.BaseProcess
+    ends: Connection  # the process sends its session's end entry here
     removing: bool = False  # removed through the API: drains, never restarts
     kill_at: float | None = None  # removing: killed if still running then
     restarts: int = 0  # since the last healthy period: sets the backoff
@@ -106,6 +111,9 @@ class DecoderSupervisor(Part):
         self._transport = transport_spec(config)
         # every camera this run decoded: decoders thread by how many there are
         self._camera_ids = {camera.id for camera in config.cameras}
+        # end entries written (by a decoder, or here for one that died) and not read yet
+        self._unread_ends: dict[str, list[dict[str, str | int]]] = {}
+        self._redis_losses = 0
 
     # --- lifecycle ------------------------------------------------------------------------------
     def launch(self) -> None:
@@ -119,8 +127,19 @@ class DecoderSupervisor(Part):
         every file camera ended, stop the live ones too."""
         now = time.monotonic()
         for decoder in self._decoders.values():
+            self._collect_ends(decoder)
             if not decoder.finished:
                 self._check(decoder, now)
+        for camera, ends in self._unread_ends.items():
+            self._unread_ends[camera] = [
+                end
+                for end in ends
+                if not self._accounting.session_ended(camera, str(end["session"]))
+            ]
+        losses = self._accounting.redis_losses()
+        if losses != self._redis_losses:
+            self._redis_losses = losses
+            self._write_lost_ends()
         files = [c for c, d in self._decoders.items() if not d.spec.live and not d.removing]
         if self._until_done and self._accounting.ended(files):
             self.stop()  # files are done: live cameras stop and end too
@@ -154,6 +173,8 @@ class DecoderSupervisor(Part):
                 decoder.process.join()
         pids = [d.process.pid for d in decoders]
         remove_segments(self._keys.prefix, host=self._host, pids=pids)
+        for decoder in decoders:
+            decoder.ends.close()
 
     # --- cameras --------------------------------------------------------------------------------
     def add(self, camera: CameraConfig) -> None:
@@ -169,7 +190,12 @@ class DecoderSupervisor(Part):
             live_backlog=self._config.batching.max_batch_size,
         )
         stop = ProcessFlag()  # a decoder killed while waiting cannot hang set()
-        self._decoders[camera.id] = _Decoder(spec, stop, self._spawn(spec, stop))
+        process, ends = self._spawn(spec, stop)
+        previous = self._decoders.get(camera.id)
+        if previous is not None:  # a camera removed before, back under its id
+            self._collect_ends(previous)
+            previous.ends.close()
+        self._decoders[camera.id] = _Decoder(spec, stop, process, ends)
 
     def remove(self, camera: str) -> None:
         """Stop the camera's decoder for good; one that hangs is killed after a while."""
@@ -219,16 +245,57 @@ class DecoderSupervisor(Part):
             parent_pid=os.getpid(),  # a decoder dies with this process, however it ends
         )
 
-    def _spawn(self, spec: DecoderSpec, stop: ProcessFlag) -> multiprocessing.process.BaseProcess:
+    def _spawn(
+        self, spec: DecoderSpec, stop: ProcessFlag
+    ) -> tuple[multiprocessing.process.BaseProcess, Connection]:
+        """The decoder process, and the end of the pipe it sends its end entry through."""
         self._sessions[spec.camera] = self._sessions.get(spec.camera, 0) + 1  # each ends once
-        process = multiprocessing.get_context("spawn").Process(
+        context = multiprocessing.get_context("spawn")
+        ends, sends = context.Pipe(duplex=False)
+        process = context.Process(
             target=run_decoder_process,
-            args=(self._job(spec), stop, self._released),
+            args=(self._job(spec), stop, self._released, sends),
             name=f"fb-decoder-{spec.camera}",
             daemon=True,
         )
         process.start()
-        return process
+        sends.close()  # the process holds its own copy
+        return process, ends
+
+    def _collect_ends(self, decoder: _Decoder) -> None:
+        """The end entries the decoder's processes sent, kept until read."""
+        try:
+            while decoder.ends.poll():
+                self._keep_end(decoder.spec.camera, decoder.ends.recv())
+        except (EOFError, OSError):
+            pass  # the process is gone and sent everything it had: nothing more to read
+
+    def _keep_end(self, camera: str, fields: dict[str, str | int]) -> None:
+        if fields.get("session"):  # an end without a session cannot be told from another
+            self._unread_ends.setdefault(camera, []).append(fields)
+
+    def _write_lost_ends(self) -> None:
+        """Redis lost its data: the end entries that went with it, written again (the reader
+        then counts the frames lost with them as ``redis_lost``).  An entry is lost when the
+        stream no longer holds it and the accounting has not read it, looked at in that
+        order: the reader counts an entry before it deletes it."""
+        for camera, ends in self._unread_ends.items():
+            key = self._keys.frames(camera)
+            in_stream = {
+                fields.get(b"session", b"").decode()
+                for _id, fields in self._client.xrange(key)
+                if message_kind(fields) == "end"
+            }
+            unread = []
+            for end in ends:
+                session = str(end["session"])
+                if self._accounting.session_ended(camera, session):
+                    continue
+                unread.append(end)
+                if session not in in_stream:
+                    log.warning("camera %s: end of session %s lost, written again", camera, session)
+                    self._client.xadd(key, end)
+            self._unread_ends[camera] = unread
 
     def _check(self, decoder: _Decoder, now: float) -> None:
         process = decoder.process
@@ -242,7 +309,9 @@ class DecoderSupervisor(Part):
             return
         if decoder.restart_at is not None:
             if now >= decoder.restart_at and not self._stopping:
-                decoder.process = self._spawn(decoder.spec, decoder.stop)
+                self._collect_ends(decoder)
+                decoder.ends.close()
+                decoder.process, decoder.ends = self._spawn(decoder.spec, decoder.stop)
                 decoder.restart_at, decoder.started_at = None, now
                 self._states.set(decoder.spec.camera, "starting")
             return
@@ -258,6 +327,7 @@ class DecoderSupervisor(Part):
         # frames would be decoded again)
         end = dead_session_end(self._client, self._keys, camera, message)
         self._client.xadd(self._keys.frames(camera), end)
+        self._keep_end(camera, end)
         restart = decoder.spec.live or decoder.spec.loop
         if restart and not self._until_done and not decoder.removing:
             decoder.restarts += 1

@@ -53,6 +53,9 @@ from streams.transport import FrameDecoder, host_id
 log = logging.getLogger(__name__)
 
 JOIN_TICK_S = 0.2  # how often leases are renewed while the workers finish
+#: how long a stopping run's workers read on for their cameras' end entries: a decoder told to
+#: stop writes its end after the frame it is on (a stalled RTSP read returns within 5 s)
+DRAIN_S = 6.0
 
 
 def new_worker_id() -> str:
@@ -92,12 +95,15 @@ class DetectorPool(Part):
         detector_factory: Callable[[Config, str], Detector],
         leased: bool = False,
     ):
-        """``stop``: the run's stop signal, which every worker observes.  ``leased``: the one
-        worker takes its cameras through leases, under its plan's consumer name."""
+        """``stop``: the run's stop signal (the pool's ``stop`` is its step of the stop order).
+        ``leased``: the one worker takes its cameras through leases, under its plan's
+        consumer name."""
         self._config = config
         self._resources = resources
         self._plans = plans
         self._stop = stop
+        self._finish = threading.Event()  # workers read on until each camera's end entry
+        self._halt = threading.Event()  # workers stop reading now
         self._until_done = until_done
         self._detector_factory = detector_factory
         self._leased = leased
@@ -197,15 +203,26 @@ class DetectorPool(Part):
         return bool(self._failures) or not any(t.is_alive() for t in self._threads)
 
     def stop(self) -> None:
-        """Wait for the workers to finish the frames they read, their cameras' leases kept
-        meanwhile; then (none failed) let the others take the cameras over at once."""
+        """The decoders of this process were told to stop: the workers read on, for at most
+        ``DRAIN_S``, until each camera's end entry, so the summary says how every camera ended
+        (a leased worker, whose decoders run elsewhere, and a pool with a failed worker stop
+        reading at once); then they finish the batches in flight, their cameras' leases kept
+        meanwhile, and (none failed) the others take the cameras over at once."""
+        if not self._leased and not self._failures:
+            self._finish.set()
+            self._join(until=time.monotonic() + DRAIN_S)
+        self._halt.set()
+        self._join()
+        if self._keeper is not None and not self._failures:
+            self._keeper.leave()
+
+    def _join(self, until: float | None = None) -> None:
+        """Wait for every worker (until then), renewing the leases meanwhile."""
         for thread in self._threads:
-            while thread.is_alive():
+            while thread.is_alive() and (until is None or time.monotonic() < until):
                 thread.join(JOIN_TICK_S)
                 if self._keeper is not None:
                     self._keeper.keep_alive()
-        if self._keeper is not None and not self._failures:
-            self._keeper.leave()
 
     def raise_failure(self) -> None:
         if self._failures:
@@ -324,6 +341,6 @@ class DetectorPool(Part):
 
     def _run_worker(self, worker: BatchWorker) -> None:
         try:
-            worker.run(self._stop)
+            worker.run(self._halt, self._finish)
         except BaseException as exc:  # noqa: BLE001 - the supervisor ends the run with it
             self._failures.append(exc)

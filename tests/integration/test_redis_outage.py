@@ -14,6 +14,7 @@ from framebatch_tools.audit import audit
 from streams.consumer import DetectionConsumer
 from streams.embedded_redis import EmbeddedRedis, free_tcp_port
 from streams.keys import StreamKeys
+from streams.messages import message_kind
 from streams.redis_connect import connect
 from streams.rtsp_replay import rtsp_server_available, serve_rtsp
 from tests.conftest import MODEL, SAMPLE_CLIPS, VIDEOS
@@ -22,7 +23,7 @@ from tests.integration.test_transports import wait_for
 
 pytestmark = pytest.mark.integration
 
-CLIP = SAMPLE_CLIPS / "testsrc_640x360_15fps.mp4"  # 60 frames, paced at 10 fps: 6 s
+CLIP = SAMPLE_CLIPS / "testsrc_640x360_15fps.mp4"  # 60 frames
 
 
 class Collector:
@@ -60,19 +61,37 @@ def rtsp_camera(assets):
         yield url
 
 
-@pytest.mark.parametrize("persistent", [True, False], ids=["aof", "no-persistence"])
-def test_the_daemon_rides_out_a_redis_restart(assets, rtsp_camera, tmp_path, persistent):
+def file_ended_unread(url: str, prefix: str) -> bool:
+    """The file camera's decoder has written its end entry, which no reader took yet."""
+    with connect(url, reconnect_timeout_s=0) as client:
+        entries = client.xrange(StreamKeys(prefix).frames("file"))
+    return any(message_kind(fields) == "end" for _id, fields in entries)
+
+
+@pytest.mark.parametrize(
+    ("persistent", "lost"),
+    [(True, "while-decoding"), (False, "while-decoding"), (False, "after-the-file-ended")],
+    ids=["aof", "no-persistence", "no-persistence-after-the-file-ended"],
+)
+def test_the_daemon_rides_out_a_redis_restart(assets, rtsp_camera, tmp_path, persistent, lost):
+    """Redis is killed at a chosen point, not a lucky one: while the file camera is still being
+    decoded (paced: 60 frames take 12 s), or once its decoder has finished and its end entry
+    waits unread in the stream (not paced: decoding outruns the detector by far).  Without
+    persistence the second loses the end entry; the supervisor, which knows how the session
+    ended, writes it again, so the replay ends (it waited for ever) and adds up."""
     port = free_tcp_port()
     aof_dir = tmp_path / "aof" if persistent else None
     if aof_dir is not None:
         aof_dir.mkdir()
     server = EmbeddedRedis(port=port, aof_dir=aof_dir).start()
     url = server.url
+    paced = lost == "while-decoding"
+    file_camera = {"id": "file", "url": str(CLIP), "realtime": paced, "fps": 5 if paced else None}
     config = write_config(
         tmp_path / "outage.yaml",
         model=MODEL,
         cameras=[
-            {"id": "file", "url": str(CLIP), "realtime": True, "fps": 10},
+            {key: value for key, value in file_camera.items() if value is not None},
             {"id": "live", "url": rtsp_camera},
         ],
         redis_url=url,
@@ -95,7 +114,13 @@ def test_the_daemon_rides_out_a_redis_restart(assets, rtsp_camera, tmp_path, per
     )
     try:
         run.start()
-        wait_for(lambda: len(collector.messages) >= 5, 120, "detections flowing")
+        if paced:
+            wait_for(
+                lambda: any(m.camera == "file" for m in collector.messages), 120, "file detections"
+            )
+            assert not file_ended_unread(url, "outage")  # 12 s of pacing: far from its end
+        else:
+            wait_for(lambda: file_ended_unread(url, "outage"), 120, "the file's unread end entry")
         server._process.send_signal(signal.SIGKILL)  # the guard: redis-server follows it
         server._process.wait()
         time.sleep(1.0)

@@ -3,6 +3,7 @@ decoders, its private redis-server, that server's folder and the shm rings with 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from streams.keys import StreamKeys
+from streams.rtsp_replay import rtsp_server_available, serve_rtsp
 from tests.conftest import MODEL, SAMPLE_CLIPS
 from tests.integration.runner import write_config
 from tests.integration.test_transports import segments, wait_for
@@ -141,3 +144,62 @@ def test_a_stale_redis_folder_of_a_dead_owner_is_swept(tmp_path):
     (live / OWNER_FILE).write_text(str(os.getpid()))
     assert sweep_stale_workdirs(tmp_path) == [stale]
     assert live.is_dir() and not stale.exists()
+
+
+@pytest.fixture
+def rtsp_url(assets):
+    available, why = rtsp_server_available()
+    if not available:
+        pytest.skip(why)
+    with serve_rtsp(SAMPLE_CLIPS / "testsrc_640x360_15fps.mp4") as url:
+        yield url
+
+
+def test_a_graceful_stop_reads_how_each_camera_ended(
+    assets, rtsp_url, redis_url, redis_client, tmp_path, prefix
+):
+    """SIGTERM: each decoder writes its end entry and the workers read on up to it, so the
+    summary says how every camera ended (it said "(running)": the end entries stayed unread
+    in the frames streams) and its counts add up with nothing in flight."""
+    summary_path = tmp_path / "summary.json"
+    config = write_config(
+        tmp_path / "graceful.yaml",
+        model=MODEL,
+        cameras=[
+            {"id": "paced", "url": str(SAMPLE_CLIPS / "bars_320x240_5fps.mp4"),
+             "realtime": True, "loop": True, "fps": 10},
+            {"id": "live", "url": rtsp_url},
+        ],  # fmt: skip
+        redis_url=redis_url,
+        prefix=prefix,
+    )
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "run", str(config), "--summary-json",
+         str(summary_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    keys = StreamKeys(prefix)
+    try:
+        for camera in ("paced", "live"):
+            wait_for(
+                lambda camera=camera: redis_client.xlen(keys.detections(camera)) >= 3,
+                120,
+                f"detections of {camera}",
+            )
+        daemon.send_signal(signal.SIGTERM)
+        _, stderr = daemon.communicate(timeout=60)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.communicate()
+    assert daemon.returncode == 0, stderr
+    summary = json.loads(summary_path.read_text())
+    for camera in summary["cameras"]:
+        assert camera["end_reason"] == "stopped", camera
+        dropped = sum(camera["dropped"].values())
+        assert camera["decoded"] == camera["processed"] + dropped, camera
+        assert camera["in_flight"] == 0, camera
+    for camera in ("paced", "live"):  # nothing left in the streams for the next run
+        assert redis_client.xlen(keys.frames(camera)) == 0, camera
