@@ -7,12 +7,15 @@ setup:
 setup-tests:
 	bash deploy/bootstrap.sh --tests
 
-# clips and model: linked from ../shared/assets, else downloaded and checked by sha256 (the
-# model's .pt is then exported to ONNX, which needs the optional Ultralytics extra)
+# clips and model: linked from the assets folder ($$FRAMEBATCH_ASSETS, else ../shared/assets),
+# else downloaded and checked by sha256; each fetch fails at once, in a few lines, when it can
+# neither link nor download. A downloaded .pt is exported to ONNX, which needs the optional
+# Ultralytics extra: installed only then, after the download worked.
 demo: setup
-	.venv/bin/python -m samples.clips fetch --no-download || .venv/bin/python -m samples.clips fetch
-	.venv/bin/framebatch models fetch yolov8n --no-download || \
-	  { bash deploy/bootstrap.sh --export && .venv/bin/framebatch models fetch yolov8n; }
+	.venv/bin/python -m samples.clips fetch
+	.venv/bin/framebatch models fetch yolov8n --no-export
+	.venv/bin/framebatch models fetch yolov8n --no-download >/dev/null 2>&1 || \
+	  { bash deploy/bootstrap.sh --export && .venv/bin/framebatch models fetch yolov8n --no-download; }
 	.venv/bin/python -m samples.demo
 
 test: setup-tests

@@ -1,13 +1,15 @@
 """Real third-party sample clips: where they come from and how to get them locally.
 
 The clips themselves are never committed. ``fetch_real_clips`` puts them into the
-git-ignored ``samples/clips/real/``: as symlinks into ``../shared/assets/videos``
-when that folder exists beside the repository, otherwise by downloading them from
-their upstream repositories and checking their sha256.
+git-ignored ``samples/clips/real/``: as symlinks into the assets folder's ``videos/``
+(``--assets``, ``$FRAMEBATCH_ASSETS``, else ``../shared/assets`` beside the repository)
+when they are there, otherwise by downloading them from their upstream repositories and
+checking their sha256.
 
 Usage::
 
     python -m samples.clips fetch [--dest samples/clips/real] [--assets DIR] [--no-download]
+                                  [--mirror URL]
     python -m samples.clips list
 """
 
@@ -20,16 +22,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from detectors.downloads import (
+    ASSETS_ENV,
+    AssetsFolder,
     FetchError,
+    NotFetched,
+    Unreachable,
     download_verified,
     has_sha256,
     link_or_copy,
+    locate_assets,
     sha256_of,
-    shared_assets_dir,
+    shared_assets_dir,  # noqa: F401 - importable from here, as samples/README.md shows
 )
+from pipeline.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUN_FAILED
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DEST = REPO_ROOT / "samples" / "clips" / "real"
+PROG = "python -m samples.clips"
 
 
 @dataclass(frozen=True)
@@ -124,52 +133,75 @@ def _is_good(path: Path, clip: SampleClip) -> bool:
 def fetch_real_clips(
     dest: Path,
     *,
-    assets_dir: Path | None,
+    assets_dir: AssetsFolder | Path | None,
     allow_download: bool,
     clips: Iterable[SampleClip] = REAL_CLIPS,
+    mirror: str | None = None,
     log: Callable[[str], None] | None = None,
 ) -> list[Path]:
     """Make every clip available in ``dest`` and return their paths.
 
-    A clip already in ``dest`` with the right sha256 is kept. Otherwise it is
-    symlinked (or copied) from ``assets_dir / "videos"`` when present there, else
-    downloaded if ``allow_download``. Raises ``FetchError`` naming every clip that
-    could not be provided, after trying all of them.
+    A clip already in ``dest`` with the right sha256 is kept. Otherwise it is symlinked (or
+    copied) from the assets folder's ``videos/`` when present there, else downloaded if
+    ``allow_download`` (from ``mirror/<file name>`` when a mirror is given).  The first
+    download whose server cannot be reached ends the downloads: the rest would wait for the
+    same dead network.  Raises ``NotFetched`` naming what is missing, after trying the others.
     """
     say = log or (lambda _msg: None)
-    dest.mkdir(parents=True, exist_ok=True)
-    videos = assets_dir / "videos" if assets_dir is not None else None
+    assets = AssetsFolder.of(assets_dir)
+    videos = assets.path / "videos" if assets.path is not None else None
+    clips = tuple(clips)
     done: list[Path] = []
+    missing: list[SampleClip] = []
     failures: list[str] = []
+    unreachable = False  # once a server is: offline, so no more downloads
+    download_failed = False
     for clip in clips:
         target = dest / clip.filename
         if _is_good(target, clip):
             say(f"present    {target}")
             done.append(target)
             continue
-        try:
-            src = videos / clip.filename if videos is not None else None
-            if src is not None and src.is_file():
-                if sha256_of(src) != clip.sha256:
-                    raise FetchError(f"{src} does not have the expected sha256 {clip.sha256}")
+        src = videos / clip.filename if videos is not None else None
+        if src is not None and src.is_file():
+            if sha256_of(src) == clip.sha256:
+                dest.mkdir(parents=True, exist_ok=True)
                 target.unlink(missing_ok=True)
                 how = link_or_copy(src, target)
                 say(f"{how:<10} {target} <- {src}")
-            elif allow_download:
-                target.unlink(missing_ok=True)
-                say(f"download   {clip.url}")
-                download_verified(clip.url, target, clip.sha256, what=clip.name)
-                say(f"downloaded {target} (sha256 ok)")
+                done.append(target)
+                continue
+            failures.append(f"{src} does not have the expected sha256 {clip.sha256}")
+        elif not allow_download:
+            failures.append("not downloaded: downloads are off (--no-download)")
+        elif not unreachable:
+            dest.mkdir(parents=True, exist_ok=True)
+            target.unlink(missing_ok=True)
+            url = f"{mirror.rstrip('/')}/{clip.filename}" if mirror else clip.url
+            say(f"download   {url}")
+            try:
+                download_verified(url, target, clip.sha256, what=clip.name, say=say)
+            except Unreachable as exc:
+                unreachable = True
+                failures.append(f"download failed: {exc}; nothing more downloaded")
+            except FetchError as exc:
+                failures.append(str(exc))
             else:
-                where = f"not in {videos}" if videos is not None else "no shared assets"
-                raise FetchError(f"{clip.filename}: {where} and downloads are disabled")
-        except FetchError as exc:
-            say(f"FAILED     {exc}")
-            failures.append(str(exc))
-            continue
-        done.append(target)
-    if failures:
-        raise FetchError("; ".join(failures))
+                say(f"downloaded {target} (sha256 ok)")
+                done.append(target)
+                continue
+            download_failed = True
+        missing.append(clip)
+    if missing:
+        names = "" if len(missing) == len(clips) else ": " + ", ".join(c.name for c in missing)
+        raise NotFetched(
+            f"{len(missing)} of {len(clips)} sample clips missing in {_display(dest)}{names}",
+            looked_in=assets.describe("videos"),
+            failures=failures,
+            elsewhere=f"--assets PATH or {ASSETS_ENV}=PATH (a folder holding videos/)",
+            fetch_command="python -m samples.clips fetch",
+            download_failed=download_failed,
+        )
     return done
 
 
@@ -181,18 +213,31 @@ def _display(path: Path) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point: ``fetch`` the real clips or ``list`` them."""
-    parser = argparse.ArgumentParser(
-        prog="python -m samples.clips", description="Fetch the real sample clips."
-    )
+    """CLI entry point: ``fetch`` the real clips or ``list`` them.  ``fetch`` exits 2 when a
+    clip is missing and there was no way to it (``--no-download``, a bad assets file), 3 when
+    a download failed (offline, a dead mirror): a few lines on stderr say what to do."""
+    parser = argparse.ArgumentParser(prog=PROG, description="Fetch the real sample clips.")
     sub = parser.add_subparsers(dest="command", required=True)
-    fetch = sub.add_parser("fetch", help="link/copy from shared assets, else download")
-    fetch.add_argument("--dest", type=Path, default=DEFAULT_DEST, help="target folder")
+    fetch = sub.add_parser("fetch", help="link/copy from the assets folder, else download")
     fetch.add_argument(
-        "--assets", type=Path, default=None, help="assets folder (default: ../shared/assets)"
+        "--dest", type=Path, default=DEFAULT_DEST, metavar="PATH", help="target folder"
     )
     fetch.add_argument(
-        "--no-download", action="store_true", help="only use the shared assets, never download"
+        "--assets",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help=f"assets folder holding videos/ (default: ${ASSETS_ENV}, else ../shared/assets "
+        "beside the clone)",
+    )
+    fetch.add_argument(
+        "--no-download", action="store_true", help="only use the assets folder, never download"
+    )
+    fetch.add_argument(
+        "--mirror",
+        metavar="URL",
+        help="base URL holding the clips under their file names (default: the pinned upstream "
+        "URLs); the sha256 is checked either way",
     )
     sub.add_parser("list", help="print the clip table")
     args = parser.parse_args(argv)
@@ -203,20 +248,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{c.filename}  {c.width}x{c.height} {c.fps:.3f} fps {c.frames} frames  "
                 f"{c.license}  {c.source}"
             )
-        return 0
+        return EXIT_OK
 
     try:
-        assets = shared_assets_dir(REPO_ROOT, args.assets)
-        print(f"assets: {assets if assets is not None else 'none found'}")
-        print(f"dest:   {_display(args.dest)}")
         paths = fetch_real_clips(
-            args.dest, assets_dir=assets, allow_download=not args.no_download, log=print
+            args.dest,
+            assets_dir=locate_assets(REPO_ROOT, args.assets),
+            allow_download=not args.no_download,
+            mirror=args.mirror,
+            log=print,
         )
+    except NotFetched as exc:
+        first, *rest = exc.lines()
+        print(f"{PROG} fetch: {first}", *(f"  {line}" for line in rest), sep="\n", file=sys.stderr)
+        return EXIT_RUN_FAILED if exc.download_failed else EXIT_BAD_INPUT
     except FetchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        print(f"{PROG} fetch: {exc}", file=sys.stderr)
+        return EXIT_RUN_FAILED
     print(f"{len(paths)} clip(s) ready in {_display(args.dest)}")
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

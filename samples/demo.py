@@ -1,4 +1,4 @@
-"""The README demo: replay the real sample clips as live cameras and print what is detected.
+"""The README demo: replay the real sample clips in real time as cameras and print detections.
 
 Runs ``configs/demo.yaml`` (looping clips, real-time pace) with a private redis-server for
 ``--seconds``, prints one line per detection message as a consumer would see it, then stops the
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import sys
 import threading
 from collections import Counter
 from pathlib import Path
@@ -17,6 +19,7 @@ import redis
 
 from pipeline.config import ConfigError, load_config
 from pipeline.daemon import Pipeline
+from pipeline.errors import EXIT_BAD_INPUT
 from pipeline.ledger.summary import RunSummary
 from streams.consumer import DetectionConsumer
 from streams.embedded_redis import EmbeddedRedis
@@ -49,8 +52,17 @@ def main() -> int:
     try:
         config = load_config(args.config)
     except ConfigError as exc:
-        print(exc)
-        return 2
+        print(exc, file=sys.stderr)
+        return EXIT_BAD_INPUT
+    missing = [c.url for c in config.cameras if not c.is_live and not Path(c.url).is_file()]
+    if missing:
+        print(
+            f"python -m samples.demo: {len(missing)} clip(s) of {args.config} missing, such as "
+            f"{os.path.normpath(missing[0])}\n"
+            "  fetch them with: python -m samples.clips fetch (or make demo)",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
     with EmbeddedRedis() as server:
         config = config.model_copy(
             update={

@@ -1,7 +1,7 @@
 """``framebatch models fetch``: a known model from the shared assets, or downloaded from a real
 HTTP server on 127.0.0.1 (standing in for the upstream release or a site's mirror), checked
-by sha256 and exported; a wrong file, a dead server or no way at all is one clear line and
-leaves nothing in the cache."""
+by sha256 and exported; a wrong file, a dead server or no way at all is said clearly (what, where
+it looked, what to do) and leaves nothing in the cache."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import pytest
 from detectors.backends import load_backend
 from detectors.catalog import KNOWN_MODELS, model_path
 from detectors.detector import Detector
-from detectors.downloads import FetchError, sha256_of
+from detectors.downloads import FetchError, NotFetched, Unreachable, download_verified, sha256_of
 from detectors.fetch import fetch_model
 from detectors.postprocess import Thresholds
 from pipeline.config import parse_config
@@ -83,13 +83,16 @@ def test_a_download_with_the_wrong_sha256_is_not_kept(assets, served, tmp_path):
     assert list(cache.iterdir()) == []  # no partial file, no checkpoint, no model
 
 
-def test_a_missing_file_a_dead_server_and_no_way_at_all_are_one_line_each(served, tmp_path):
+def test_a_missing_file_a_dead_server_and_no_way_at_all_are_said_clearly(served, tmp_path):
     base, _ = served  # serves nothing
     cache = tmp_path / "cache"
     with pytest.raises(FetchError, match=f"from {base}/yolov8n.pt failed: HTTP 404 File not found"):
         fetch_model(YOLOV8N, cache=cache, assets_dir=None, allow_download=True, mirror=base)
-    dead = f"http://127.0.0.1:{free_tcp_port()}/weights"  # nothing listens there
-    with pytest.raises(FetchError, match=f"download of yolov8n.pt from {dead}/yolov8n.pt failed"):
+    port = free_tcp_port()  # nothing listens there
+    dead = f"http://127.0.0.1:{port}/weights"
+    with pytest.raises(Unreachable, match=f"^127.0.0.1:{port} unreachable"):
+        download_verified(f"{dead}/yolov8n.pt", cache / "x", "0" * 64, what="x")
+    with pytest.raises(NotFetched, match=f"download failed: 127.0.0.1:{port} unreachable"):
         fetch_model(YOLOV8N, cache=cache, assets_dir=None, allow_download=True, mirror=dead)
     assert list(cache.iterdir()) == []
     env = {**os.environ, "FRAMEBATCH_CACHE": str(tmp_path / "cache2")}
@@ -98,8 +101,33 @@ def test_a_missing_file_a_dead_server_and_no_way_at_all_are_one_line_each(served
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "framebatch models fetch: yolov8n: not in /, and downloads are off (--no-download)"
+        f"framebatch models fetch: yolov8n is not in the cache {tmp_path / 'cache2' / 'models'}",
+        f"  looked in: /{YOLOV8N.shared_onnx} (from --assets)",
+        "  not downloaded: downloads are off (--no-download)",
+        "  point elsewhere: --assets PATH, FRAMEBATCH_ASSETS=PATH, or model.path: FILE.onnx in "
+        "the config",
+        "  fetch when online: framebatch models fetch yolov8n",
     ]
+
+
+def test_no_export_stops_at_the_verified_checkpoint_which_no_download_then_uses(
+    assets, served, tmp_path
+):
+    """``make demo``'s order: download first (offline is known before any extra is
+    installed), export later from the cache, without downloading again."""
+    base, folder = served
+    (folder / "yolov8n.pt").write_bytes(SHARED_CHECKPOINT.read_bytes())
+    model = replace(YOLOV8N, checkpoint_sha256=sha256_of(SHARED_CHECKPOINT))
+    cache = tmp_path / "cache"
+    path = fetch_model(
+        model, cache=cache, assets_dir=None, allow_download=True, mirror=base, export=False
+    )
+    assert path == cache / "yolov8n.pt" and sorted(p.name for p in cache.iterdir()) == [path.name]
+    said: list[str] = []
+    again = fetch_model(
+        model, cache=cache, assets_dir=None, allow_download=False, export=False, say=said.append
+    )
+    assert again == path and said == [f"present    {path} (sha256 ok)"]
 
 
 def test_a_verified_download_is_exported_to_a_model_that_detects(assets, served, tmp_path):
