@@ -9,6 +9,10 @@ from typing import Any
 
 #: peers ``framebatch bench --peer`` runs side by side (framebatch_tools/bench/peer.py)
 PEERS = ("ultralytics",)
+#: ``framebatch simulate --quick``'s wall time on the project's 2-core machine, idle, plots
+#: included (measured: 10.6-12.2 s; docs/batching.md, "Reproduce").  Here, not in the sweep's
+#: module: --help does not import the simulator.
+QUICK_WALL_S = 12
 
 
 def register(commands: Any) -> None:
@@ -23,6 +27,7 @@ def _bench(commands: Any) -> None:
     )
     bench.add_argument(
         "--config",
+        metavar="CONFIG",
         help="pipeline config to replay (default configs/bench.yaml; with --peer "
         "configs/bench-peer.yaml)",
     )
@@ -35,9 +40,9 @@ def _bench(commands: Any) -> None:
     bench.add_argument(
         "--live",
         type=float,
-        metavar="SECONDS",
+        metavar="S",
         help="with --peer: the config's clips as live RTSP cameras at their native rate, "
-        "each side measured for this long (frames/s, p99 latency, drops)",
+        "each side measured for S seconds (frames/s, p99 latency, drops)",
     )
     bench.add_argument(
         "--mixed-shapes",
@@ -45,10 +50,25 @@ def _bench(commands: Any) -> None:
         help="instead: a batch of 16:9 and 4:3 frames run per shape against padded to one "
         "shape (throughput and how far padding moves the boxes)",
     )
-    bench.add_argument("--batch-sizes", default="1,4,8", help="detector-alone batch sizes")
-    bench.add_argument("--repeats", type=int, default=5, help="timed batches per size and round")
     bench.add_argument(
-        "--rounds", type=int, default=1, help="alternating rounds of detector/pipeline"
+        "--batch-sizes",
+        default="1,4,8",
+        metavar="N,N,...",
+        help="detector-alone batch sizes (default: %(default)s)",
+    )
+    bench.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        metavar="N",
+        help="timed batches per size and round (default: %(default)s)",
+    )
+    bench.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="alternating rounds of detector/pipeline (default: %(default)s)",
     )
     bench.add_argument("--output", metavar="PATH", help="write the figures as JSON")
     bench.set_defaults(handler=cmd_bench)
@@ -58,14 +78,45 @@ def _bench_transport(commands: Any) -> None:
     transport = commands.add_parser(
         "bench-transport", help="frames/s through Redis of each frame transport (raw, jpeg, shm)"
     )
-    transport.add_argument("--transports", default="raw,jpeg,shm", help="comma-separated")
-    transport.add_argument("--producers", type=int, default=2, help="producer processes")
-    transport.add_argument("--frames", type=int, default=3000, help="frames per producer at most")
-    transport.add_argument("--seconds", type=float, default=8.0, help="seconds per trial at most")
-    transport.add_argument("--rounds", type=int, default=3, help="alternating rounds")
-    transport.add_argument("--jpeg-quality", type=int, default=90, help="jpeg quality 1-100")
-    transport.add_argument("--clip", help="video whose frames are pushed (default: a shared clip)")
-    transport.add_argument("--redis-url", help="an existing Redis (default: a private one)")
+    transport.add_argument(
+        "--transports",
+        default="raw,jpeg,shm",
+        metavar="LIST",
+        help="comma-separated transports (default: %(default)s)",
+    )
+    transport.add_argument(
+        "--producers", type=int, default=2, metavar="N", help="producer processes (default: 2)"
+    )
+    transport.add_argument(
+        "--frames",
+        type=int,
+        default=3000,
+        metavar="N",
+        help="frames per producer at most (default: %(default)s)",
+    )
+    transport.add_argument(
+        "--seconds",
+        type=float,
+        default=8.0,
+        metavar="S",
+        help="seconds per trial at most (default: %(default)s)",
+    )
+    transport.add_argument(
+        "--rounds", type=int, default=3, metavar="N", help="alternating rounds (default: 3)"
+    )
+    transport.add_argument(
+        "--jpeg-quality",
+        type=int,
+        default=90,
+        metavar="N",
+        help="jpeg quality 1-100 (default: %(default)s)",
+    )
+    transport.add_argument(
+        "--clip", metavar="PATH", help="video whose frames are pushed (default: a shared clip)"
+    )
+    transport.add_argument(
+        "--redis-url", metavar="URL", help="an existing Redis (default: a private one)"
+    )
     transport.add_argument("--tcp", action="store_true", help="private Redis on loopback TCP")
     transport.add_argument("--output", metavar="PATH", help="write the figures as JSON")
     transport.set_defaults(handler=cmd_bench_transport)
@@ -93,15 +144,30 @@ def _simulate(commands: Any) -> None:
         default="all",
         help="detector service-time profile (default: %(default)s)",
     )
-    simulate.add_argument("--quick", action="store_true", help="a small sweep (under a minute)")
     simulate.add_argument(
-        "--out", default="docs/img", help="folder for the CSV and PNG plots (default: %(default)s)"
+        "--quick",
+        action="store_true",
+        help=f"a small sweep: 3-4 loads per mix (~{QUICK_WALL_S} s on 2 idle cores, plots "
+        "included)",
     )
     simulate.add_argument(
-        "--seconds", type=float, help="simulated seconds per point at most (default 60; quick 30)"
+        "--out",
+        metavar="PATH",
+        help="folder for the CSV and PNG plots (default: a new temporary folder, printed; "
+        "the figures of docs/batching.md: --out docs/img)",
     )
-    simulate.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
-    simulate.add_argument("--jobs", type=int, help="processes (default: one per CPU)")
+    simulate.add_argument(
+        "--seconds",
+        type=float,
+        metavar="S",
+        help="simulated seconds per point at most (default 60; quick 30)",
+    )
+    simulate.add_argument(
+        "--seed", type=int, default=0, metavar="N", help="random seed (default: %(default)s)"
+    )
+    simulate.add_argument(
+        "--jobs", type=int, metavar="N", help="processes (default: one per CPU this may use)"
+    )
     simulate.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     simulate.add_argument(
         "--decisions-bench",

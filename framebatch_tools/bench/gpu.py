@@ -280,18 +280,55 @@ def to_markdown(result: dict[str, Any]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help=".torchscript, .pt or .engine")
-    parser.add_argument("--clip", required=True, help="a real clip: frames to run")
-    parser.add_argument("--device", default="cuda:0", help="cuda:N, or cpu to test the script")
-    parser.add_argument("--batch-sizes", default="1,2,4,8,16,32,64")
-    parser.add_argument("--imgsz", type=int, default=640)
-    parser.add_argument("--seconds", type=float, default=2.0, help="per figure and round")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--cameras", type=int, default=0, help="also replay N cameras end to end")
+    parser.add_argument(
+        "--model", required=True, metavar="PATH", help="model file: .torchscript, .pt or .engine"
+    )
+    parser.add_argument("--clip", required=True, metavar="PATH", help="a real clip: frames to run")
+    parser.add_argument(
+        "--device",
+        default="cuda:0",
+        metavar="DEVICE",
+        help="cuda:N, or cpu to test the script (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--batch-sizes",
+        default="1,2,4,8,16,32,64",
+        metavar="N,N,...",
+        help="batch sizes to sweep (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--imgsz", type=int, default=640, metavar="N", help="input size (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="seconds per figure and round (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        metavar="N",
+        help="alternating rounds of every figure (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--cameras",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also replay N cameras end to end (default: none)",
+    )
     parser.add_argument(
         "--sweep-only", action="store_true", help="batch sizes only (any backend, e.g. .onnx)"
     )
-    parser.add_argument("--out", default=".", help="folder for bench-gpu.json and bench-gpu.md")
+    parser.add_argument(
+        "--out",
+        default=".",
+        metavar="PATH",
+        help="folder for bench-gpu.json and bench-gpu.md (default: the current folder)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:

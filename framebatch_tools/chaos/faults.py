@@ -389,23 +389,41 @@ def default_cameras(assets: Path, samples: Path) -> dict[str, dict[str, Any]]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     repo = Path(__file__).resolve().parents[2]
-    parser.add_argument("--faults", type=int, default=10, help="faults to inject (default 10)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument(
+        "--faults", type=int, default=10, metavar="N", help="faults to inject (default 10)"
+    )
+    parser.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
     parser.add_argument(
         "--interval",
         type=float,
         nargs=2,
         default=(3.0, 6.0),
-        metavar=("MIN", "MAX"),
-        help="seconds between faults (default 3 6)",
+        metavar=("MIN_S", "MAX_S"),
+        help="seconds between faults, drawn between the two (default 3 6)",
     )
     parser.add_argument(
-        "--kinds", default=",".join(FAULTS), help=f"comma-separated (default: {','.join(FAULTS)})"
+        "--kinds",
+        default=",".join(FAULTS),
+        metavar="LIST",
+        help=f"comma-separated faults (default: all of {', '.join(FAULTS)})",
     )
-    parser.add_argument("--assets", default=str(repo.parent / "shared" / "assets"))
-    parser.add_argument("--transport", choices=["auto", "raw", "jpeg", "shm"], default="auto")
+    parser.add_argument(
+        "--assets",
+        default=str(repo.parent / "shared" / "assets"),
+        metavar="PATH",
+        help="shared assets folder: its models/yolov8n_fp32_dynbatch.onnx and videos/ "
+        "(default: ../shared/assets beside the checkout)",
+    )
+    parser.add_argument(
+        "--transport",
+        choices=["auto", "raw", "jpeg", "shm"],
+        default="auto",
+        help="how frames travel to the batcher (transport.kind; default: %(default)s)",
+    )
     parser.add_argument("--no-rtsp", action="store_true", help="no RTSP camera")
-    parser.add_argument("--workdir", help="folder for logs and Redis files (default: a temp one)")
+    parser.add_argument(
+        "--workdir", metavar="PATH", help="folder for logs and Redis files (default: a temp one)"
+    )
     parser.add_argument("--output", metavar="PATH", help="write the report as JSON")
 
 

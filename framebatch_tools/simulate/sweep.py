@@ -24,6 +24,7 @@ import argparse
 import csv
 import math
 import os
+import tempfile
 import time
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
@@ -42,6 +43,10 @@ from framebatch_tools.simulate.simulator import (
 
 EXIT_OK, EXIT_TARGETS_MISSED = 0, 1
 ADAPTIVE_WAIT_MS = 50.0  # the daemon's default batching.max_wait_ms (adaptive's window cap)
+#: frames measured per point at most, in the full sweep and with ``--quick`` (the duration
+#: its help states, framebatch_tools/commands.py QUICK_WALL_S, rests on this budget)
+FRAME_BUDGET, QUICK_FRAME_BUDGET = 40_000, 12_000
+SIM_EXTRA = "pip install 'framebatch[tools]'"  # matplotlib, for the plots
 
 
 @dataclass(frozen=True)
@@ -134,7 +139,7 @@ def sweep_points(
     profiles: list[str], *, quick: bool, max_seconds: float, seed: int
 ) -> list[dict[str, Any]]:
     """Every simulation of the sweep; long runs are cut to a frame budget (policy cost)."""
-    budget = 12_000 if quick else 40_000  # frames measured per point
+    budget = QUICK_FRAME_BUDGET if quick else FRAME_BUDGET  # frames measured per point
     points = []
     for name in profiles:
         plan, profile = PLANS[name], PROFILES[name]
@@ -377,17 +382,18 @@ def run_simulate(args: argparse.Namespace) -> int:
         return EXIT_OK
     profiles = list(PLANS) if args.profile == "all" else [args.profile]
     seconds = args.seconds or (30.0 if args.quick else 60.0)
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="framebatch-simulate-"))
+    print(f"simulate: writing the CSV and plots to {out}", flush=True)
     began = time.perf_counter()
     points = sweep_points(profiles, quick=args.quick, max_seconds=seconds, seed=args.seed)
-    rows = run_sweep(points, jobs=args.jobs or os.cpu_count() or 1)
+    rows = run_sweep(points, jobs=args.jobs or usable_cpus())
     elapsed = time.perf_counter() - began
-    out = Path(args.out)
     prefix = "batching_quick" if args.quick else "batching"
     write_csv(rows, out / f"{prefix}_sweep.csv")
     try:
         plots = plot_sweep(rows, out, prefix)
-    except ImportError:  # matplotlib is in the "test" extra, not a runtime dependency
-        print("matplotlib is not installed: no plots (pip install 'framebatch[test]')")
+    except ImportError:  # matplotlib is not a runtime dependency
+        print(f"matplotlib is not installed: no plots ({SIM_EXTRA})")
         plots = []
     print(format_table(rows))
     checks = check_targets(rows)
@@ -400,3 +406,11 @@ def run_simulate(args: argparse.Namespace) -> int:
         f"{elapsed:.0f} s; wrote {out / f'{prefix}_sweep.csv'} and {len(plots)} plots in {out}"
     )
     return EXIT_TARGETS_MISSED if failed and args.strict else EXIT_OK
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (a container's or taskset's share, not the host's)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # no sched_getaffinity (macOS)
+        return os.cpu_count() or 1

@@ -22,6 +22,7 @@ def register(commands: Any) -> None:
     consume = commands.add_parser("consume", help="print detections as JSON lines")
     consume.add_argument(
         "--redis",
+        metavar="URL",
         help=f"Redis URL (default: ${REDIS_URL_ENV}, else {DEFAULT_REDIS_URL}); a password "
         "here shows in ps, so prefer the variable or --redis-file",
     )
@@ -31,19 +32,28 @@ def register(commands: Any) -> None:
         type=float,
         default=60.0,
         metavar="S",
-        help="ride out a Redis outage this long (default: %(default)s)",
+        help="once started, ride out a Redis outage this long (default: %(default)s); a Redis "
+        "not reached at start is exit 2 at once",
     )
     consume.add_argument(
         "--cluster", action="store_true", help="the URL is a node of a Redis Cluster"
     )
-    consume.add_argument("--prefix", default="fb", help="key prefix (default: %(default)s)")
-    consume.add_argument("--camera", action="append", help="camera id (repeatable; default: all)")
+    consume.add_argument(
+        "--prefix", default="fb", metavar="PREFIX", help="key prefix (default: %(default)s)"
+    )
+    consume.add_argument(
+        "--camera", action="append", metavar="ID", help="camera id (repeatable; default: all)"
+    )
     consume.add_argument(
         "--from-start", action="store_true", help="start at the oldest message kept"
     )
-    consume.add_argument("--count", type=int, help="exit after N messages")
-    consume.add_argument("--timeout", type=float, help="exit after S seconds with no new message")
-    consume.add_argument("--group", help="durable consumer group; acknowledges what it printed")
+    consume.add_argument("--count", type=int, metavar="N", help="exit after N messages")
+    consume.add_argument(
+        "--timeout", type=float, metavar="S", help="exit after S seconds with no new message"
+    )
+    consume.add_argument(
+        "--group", metavar="NAME", help="durable consumer group; acknowledges what it printed"
+    )
     consume.add_argument(
         "--keep-duplicates",
         action="store_true",
@@ -71,6 +81,23 @@ def consume_redis_url(args: argparse.Namespace, environ=os.environ) -> str:
     return environ.get(REDIS_URL_ENV) or DEFAULT_REDIS_URL
 
 
+def probe_redis(url: str, *, cluster: bool) -> None:
+    """Reach Redis once with a client that never retries: a refused connection, a wrong
+    password or TLS at start raise at once (the long wait is for an outage after a good
+    start, as for the daemon)."""
+    import redis
+
+    from streams.redis_connect import CONNECT_TIMEOUT_S, connect
+
+    probe = connect(url, reconnect_timeout_s=0, socket_timeout_s=CONNECT_TIMEOUT_S, cluster=cluster)
+    try:
+        probe.ping()
+    except redis.exceptions.NoPermissionError:
+        pass  # it answered: an ACL without PING may still read the streams
+    finally:
+        probe.close()
+
+
 def cmd_consume(args: argparse.Namespace) -> int:
     import redis
 
@@ -80,13 +107,15 @@ def cmd_consume(args: argparse.Namespace) -> int:
     from streams.redis_connect import connect
     from streams.redis_errors import is_outage
 
+    url = ""
     try:
         url = consume_redis_url(args)
+        probe_redis(url, cluster=args.cluster)
         client = connect(url, reconnect_timeout_s=args.reconnect_timeout, cluster=args.cluster)
     except (OSError, ValueError) as exc:
         print(f"framebatch consume: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except redis.RedisError as exc:  # a cluster client reads the slot map at once
+    except redis.RedisError as exc:  # not reached at start: bad input, not an outage
         print(f"framebatch consume: {describe_redis_error(exc, url)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     consumer = DetectionConsumer(

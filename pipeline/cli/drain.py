@@ -15,7 +15,9 @@ def register(commands: Any) -> None:
         "drain",
         help="account for what stopped runs left in the frames streams (no daemon running)",
     )
-    drain.add_argument("config")
+    drain.add_argument(
+        "config", metavar="CONFIG", help="YAML config file of the stopped run (its redis.url)"
+    )
     drain.set_defaults(handler=cmd_drain)
 
 

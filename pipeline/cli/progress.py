@@ -3,12 +3,19 @@
 A camera's frames are done once processed or dropped with a cause; its total is the clip's frame
 count from the container (divided by ``vid_stride``), known once it ends if the container does
 not say (or ``max_fps`` thins it): the bar then shows the count alone.
+
+Drawn here rather than with rich or tqdm: the bars need a line per camera redrawn from a
+thread, log lines above them and plain output on a pipe, which is these few lines; rich would
+add four packages to the core install (a daemon's, in containers) for one mode on a terminal,
+and tqdm's positioned bars leave stray lines when other output interleaves (tqdm#532, #1434).
+Lines are cut to the terminal's width, so a narrow terminal never wraps them out of place.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import TextIO
@@ -20,6 +27,7 @@ from pipeline.serve.control import CameraView
 
 REDRAW_S = 0.5
 BAR_WIDTH = 30
+DEFAULT_COLUMNS = 80
 
 
 def expected_frames(camera: CameraConfig) -> int | None:
@@ -37,7 +45,11 @@ def expected_frames(camera: CameraConfig) -> int | None:
     return math.ceil(frames / camera.vid_stride) if frames else None
 
 
-def render(views: Sequence[CameraView], totals: dict[str, int | None]) -> list[str]:
+def render(
+    views: Sequence[CameraView], totals: dict[str, int | None], columns: int | None = None
+) -> list[str]:
+    """A line per camera; with ``columns`` (the terminal's width) each fits in it, or a long
+    line would wrap and the bars would no longer be redrawn in place."""
     width = max((len(v.id) for v in views), default=0)
     lines = []
     for view in views:
@@ -51,7 +63,19 @@ def render(views: Sequence[CameraView], totals: dict[str, int | None]) -> list[s
         else:
             line = f"{view.id:<{width}} {done} frames"
         lines.append(f"{line}  {view.fps:5.1f} fps  {view.state}")
+    if columns is not None:  # the last column left empty: a full line may wrap at once
+        lines = [line[: max(1, columns - 1)] for line in lines]
     return lines
+
+
+def terminal_columns(stream: TextIO) -> int:
+    """The width of the terminal ``stream`` writes to, now (it may be resized); 80 when it
+    says nothing (a pty that was never sized)."""
+    try:
+        columns = os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, ValueError, OSError):  # no file descriptor, closed, not a tty
+        columns = 0
+    return columns if columns > 0 else DEFAULT_COLUMNS
 
 
 class ProgressBars:
@@ -62,8 +86,10 @@ class ProgressBars:
         stream: TextIO,
         views: Callable[[], Sequence[CameraView] | None],
         totals: dict[str, int | None],
+        columns: Callable[[TextIO], int] = terminal_columns,
     ):
         self._stream = stream
+        self._columns = columns
         self._views = views
         self._totals = totals
         self._drawn = 0
@@ -87,7 +113,7 @@ class ProgressBars:
         views = self._views()
         if not views:
             return
-        lines = render(views, self._totals)
+        lines = render(views, self._totals, self._columns(self._stream))
         with self._lock:
             up = f"\x1b[{self._drawn}F" if self._drawn else ""  # back to the first bar's line
             self._stream.write(up + "".join(f"\x1b[2K{line}\n" for line in lines))

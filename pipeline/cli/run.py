@@ -16,11 +16,12 @@ from pipeline.errors import EXIT_CAMERA_ERRORS, EXIT_OK, FramebatchError
 
 def register(commands: Any) -> None:
     run = commands.add_parser("run", help="run the pipeline daemon on a config")
-    run.add_argument("config", help="YAML config file")
+    run.add_argument("config", metavar="CONFIG", help="YAML config file")
     run.add_argument(
         "--until-done",
         action="store_true",
-        help="replay mode: exit once every file source is processed",
+        help="replay mode: exit once every file source is processed (a progress bar per "
+        "camera on a terminal)",
     )
     run.add_argument("--summary-json", metavar="PATH", help="also write the summary as JSON")
     run.add_argument(
@@ -34,17 +35,35 @@ def register(commands: Any) -> None:
     decode = commands.add_parser(
         "decode", help="run only the config's decoders (detector workers run elsewhere)"
     )
-    decode.add_argument("config", help="YAML config file (its redis.url is the shared Redis)")
+    decode.add_argument(
+        "config", metavar="CONFIG", help="YAML config file (its redis.url is the shared Redis)"
+    )
+    decode.add_argument(
+        "--summary-json",
+        metavar="PATH",
+        help="write each camera's end state and decoded frames as JSON at the end",
+    )
+    decode.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="serve metrics and health here instead of http.listen (port 0: any free one; "
+        "off: none)",
+    )
     decode.set_defaults(handler=cmd_decode)
 
     detect = commands.add_parser(
         "detect",
         help="run one detector worker; workers share the config's cameras through leases",
     )
-    detect.add_argument("config", help="YAML config file (its redis.url is the shared Redis)")
-    detect.add_argument("--device", help="cpu, cuda or cuda:N (default: model.device)")
+    detect.add_argument(
+        "config", metavar="CONFIG", help="YAML config file (its redis.url is the shared Redis)"
+    )
+    detect.add_argument(
+        "--device", metavar="DEVICE", help="cpu, cuda or cuda:N (default: model.device)"
+    )
     detect.add_argument(
         "--worker-id",
+        metavar="NAME",
         help="this worker's name in the leases and the consumer group, unique among the "
         "workers (e.g. the pod name; default: host-pid-random)",
     )
@@ -92,14 +111,59 @@ def cmd_decode(args: argparse.Namespace) -> int:
     summary, each camera's end is known from its decoder's events."""
     from pipeline.daemon import Pipeline
 
+    tally = DecodeTally()
+
+    def on_event(event: dict[str, str]) -> None:
+        tally.on_event(event)
+        print_event(event)
+
     try:
         config = _config(args)
         stop = _stop_signal(config)
-        with Pipeline.init_decode(config, stop=stop, on_event=print_event) as pipeline:
+        with Pipeline.init_decode(config, stop=stop, on_event=on_event) as pipeline:
             pipeline.run()
     except FramebatchError as exc:
         return report(exc)
+    if args.summary_json:
+        states = {view.id: view.state for view in pipeline.cameras()}
+        Path(args.summary_json).write_text(json.dumps(tally.to_json(states), indent=2))
     return EXIT_CAMERA_ERRORS if pipeline.cameras_in("failed") else EXIT_OK
+
+
+class DecodeTally:
+    """What ``framebatch decode`` knows of its cameras, from their decoders' status events:
+    the frames of the sessions that ended (a decoder that crashed sends no count: its
+    sessions are counted apart), how the last one ended, the last error.  The frames' fate is
+    the detector workers' to report: nothing here reads the frames streams."""
+
+    def __init__(self) -> None:
+        self._cameras: dict[str, dict[str, Any]] = {}
+
+    def on_event(self, event: dict[str, str]) -> None:
+        camera = self._cameras.setdefault(event.get("camera", ""), _no_sessions())
+        name, message = event.get("event", ""), event.get("message", "")
+        if name == "ended":
+            camera["sessions_ended"] += 1
+            camera["end_reason"] = event.get("reason", message)
+            camera["decoded"] += int(event.get("frames", 0))
+        elif name == "crashed":
+            camera["sessions_crashed"] += 1
+            camera["end_reason"], camera["error"] = "crashed", message
+        elif name == "error":
+            camera["error"] = message
+
+    def to_json(self, states: dict[str, str]) -> dict[str, Any]:
+        """Every camera of the run (``states``: each one's state at the end), in that order."""
+        return {
+            "cameras": [
+                {"camera": camera, "state": state, **self._cameras.get(camera, _no_sessions())}
+                for camera, state in states.items()
+            ]
+        }
+
+
+def _no_sessions() -> dict[str, Any]:
+    return {"decoded": 0, "sessions_ended": 0, "sessions_crashed": 0, "end_reason": "", "error": ""}
 
 
 def _serve(args: argparse.Namespace, compose, *, progress: bool = False) -> int:
@@ -132,13 +196,20 @@ def _stop_signal(config) -> threading.Event:
 
 
 def _config(args: argparse.Namespace):
-    """The config file with ``--http`` and ``--device`` applied."""
-    from pipeline.config import load_config
+    """The config file with ``--http`` and ``--device`` applied; with ``--until-done``, checked
+    to suit it here, where its errors can name the file (``Pipeline.init_run`` checks it too,
+    for callers without one)."""
+    from pipeline.config import ConfigError, load_config
+    from pipeline.supervisor.builders import check_run_mode
 
     config = load_config(args.config)
+    try:
+        check_run_mode(config, until_done=getattr(args, "until_done", False))
+    except ConfigError as exc:
+        raise ConfigError(exc.errors, source=args.config) from None
     http = getattr(args, "http", None)
     if http is not None:
-        config = with_http_listen(config, None if http == "off" else http)
+        config = with_http_listen(config, http)
     device = getattr(args, "device", None)
     if device is not None:
         config = with_worker_device(config, device)
@@ -186,7 +257,8 @@ def with_worker_device(config, device: str):
 
 
 def with_http_listen(config, listen: str | None):
-    """The config with ``--http`` in place of ``http.listen`` (validated as the config is)."""
+    """The config with ``--http`` in place of ``http.listen``, validated as the config is
+    (``off`` there and in the config alike: no endpoint)."""
     from pydantic import ValidationError
 
     from pipeline.config import ConfigError, HttpConfig, format_validation_errors

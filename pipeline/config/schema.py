@@ -214,7 +214,8 @@ class HttpConfig(BaseModel):
     listen: str | None = Field(
         DEFAULT_HTTP_LISTEN,
         description="host:port to serve /metrics, /healthz, /readyz, /api and the live view "
-        "on (port 0: any free one); null: no HTTP endpoint",
+        "on (port 0: any free one); off (as --http off; YAML's bare off, a boolean, too) or "
+        "null: no HTTP endpoint",
     )
     token: str | None = Field(
         None,
@@ -222,6 +223,17 @@ class HttpConfig(BaseModel):
         description="Bearer token the API and the view require (use ${VAR}); required when "
         "listen is not a loopback address. /metrics and the probes stay open",
     )
+
+    @field_validator("listen", mode="before")
+    @classmethod
+    def _off_is_none(cls, listen: object) -> object:
+        """``off`` (``--http off``, a quoted 'off') and YAML 1.1's bare ``off`` (the boolean
+        false) both mean no endpoint, as null does."""
+        if listen is False or listen == "off":
+            return None
+        if listen is True:  # bare on/yes/true
+            raise fail("expected host:port, off or null, got true (on/yes: a YAML boolean)")
+        return listen
 
     @field_validator("listen")
     @classmethod
@@ -231,7 +243,7 @@ class HttpConfig(BaseModel):
         try:
             split_listen(listen)
         except ValueError as exc:
-            raise fail(clip(str(exc))) from None
+            raise fail(f"{clip(str(exc))}; off: no HTTP endpoint") from None
         return listen
 
     @model_validator(mode="after")

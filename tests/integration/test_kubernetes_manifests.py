@@ -58,7 +58,9 @@ def test_the_mounted_config_passes_check_config(tmp_path, resources):
     text = resources[("ConfigMap", "framebatch-config")]["data"]["config.yaml"]
     config = tmp_path / "config.yaml"
     config.write_text(text)
-    proc = framebatch("check-config", str(config), timeout=60, env={**os.environ, **CONFIG_ENV})
+    proc = framebatch(  # --no-files: its paths are the pod's
+        "check-config", str(config), "--no-files", timeout=60, env={**os.environ, **CONFIG_ENV}
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
