@@ -173,19 +173,27 @@ class Pipeline:
         stop: threading.Event | None = None,
         on_event: OnEvent = lambda event: None,
         telemetry: Telemetry = NO_TELEMETRY,
+        serve_http: bool = True,
     ) -> Pipeline:
         """``framebatch decode``: the config's decoders only, into the shared Redis; detector
-        workers elsewhere read their frames (it opens no sink: it writes no detection).  Ends
-        when stopped, or once every decoder finished (file cameras)."""
+        workers elsewhere read their frames (it opens no sink: it writes no detection; its
+        HTTP endpoint serves metrics and health only).  Ends when stopped, or once every
+        decoder finished (file cameras)."""
         _check_shared_redis(config, "decode")
         stop = stop or threading.Event()
         with composing(config) as stack:
+            http_socket = bind_http(config, stack) if serve_http else None
             services = open_services(config, stack, telemetry=telemetry, live_view=False)
             events = EventRelay(services, on_event)
+            # relayed once more after the decoders are joined: how each of them ended
+            stack.callback(events.stop)
             # no detector worker here: a decoder keeps its ring until its stream is read
             decoders = DecoderSupervisor(config, services, rings_read_here=False)
             decoders.launch()
             stack.callback(decoders.close)
+            http_url = start_http(
+                http_socket, services, cameras=None, token=config.http.token, stack=stack
+            )
             return cls(
                 config,
                 stop=stop,
@@ -193,6 +201,7 @@ class Pipeline:
                 stack=stack,
                 parts=[decoders, events],
                 ends_with=decoders,
+                http_url=http_url,
             )
 
     @classmethod

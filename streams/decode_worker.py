@@ -31,6 +31,7 @@ import redis
 from streams.events import EventLog
 from streams.keys import StreamKeys
 from streams.lifeline import ParentGone, die_with_parent, raise_parent_gone_on
+from streams.logs import configure_process_logging
 from streams.messages import EndOfStream, FrameMessage, new_session_id
 from streams.redis_connect import DEFAULT_RECONNECT_TIMEOUT_S, connect
 from streams.redis_errors import OUTAGE_ERRORS, is_outage
@@ -217,7 +218,9 @@ class DecodeWorker:
         pipe.xadd(self._stream_key, end.to_fields())
         pipe.delete(self._keys.progress(spec.camera))  # the end entry says it all now
         pipe.execute()
-        self._events.emit(spec.camera, "ended", f"{reason}: {self.seq} frames")
+        self._events.emit(
+            spec.camera, "ended", f"{reason}: {self.seq} frames", reason=reason, frames=self.seq
+        )
         return end
 
     def _publish_frames(self, source: VideoSource, stop: StopSignal) -> None:
@@ -384,6 +387,7 @@ class DecoderJob:
     reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S
     max_frame_bytes: int | None = None  # the largest prepared frame: sizes a shm ring's slots
     parent_pid: int | None = None  # the process dies with this one, however it ends
+    log_level: int = logging.INFO  # the parent's: a spawned process does not inherit it
 
 
 def run_decoder_process(
@@ -403,6 +407,7 @@ def run_decoder_process(
     spec, redis_url, prefix = job.spec, job.redis_url, job.prefix
     parent_pid, cluster = job.parent_pid, job.cluster
     reconnect_timeout_s = job.reconnect_timeout_s
+    configure_process_logging(job.log_level)  # the daemon's format, time stamps included
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # one thread per decoder: the cameras run side by side already, and OpenCV's own pool
     # made the letterbox's resize cost 2.0 instead of 1.1 ms of CPU a frame (docs/benchmarks.md)

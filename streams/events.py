@@ -22,10 +22,12 @@ class EventLog:
         self._redis = redis_client
         self._key = keys.events()
 
-    def emit(self, camera: str, event: str, message: str = "") -> None:
+    def emit(self, camera: str, event: str, message: str = "", **details: str | int) -> None:
         """Best effort: an event that cannot reach Redis is logged here instead (a status
-        message must never stop a decoder while Redis is away)."""
+        message must never stop a decoder while Redis is away).  ``details``: fields for
+        programs (``ended`` carries ``reason`` and ``frames``), beside the message for people."""
         fields = {"camera": camera, "event": event, "message": message, "time": repr(time.time())}
+        fields.update({name: str(value) for name, value in details.items()})
         try:
             self._redis.xadd(self._key, fields, maxlen=EVENTS_MAXLEN, approximate=True)
         except OUTAGE_ERRORS as exc:

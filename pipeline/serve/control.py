@@ -54,7 +54,8 @@ class CameraView:
     url: str  # password redacted
     state: str
     priority: int
-    live: bool
+    live: bool  # a network camera (RTSP); False for a video file
+    realtime: bool  # frames at the source's pace: a live camera, or a file with realtime: true
     decoded: int
     processed: int
     dropped: dict[str, int]
@@ -68,6 +69,7 @@ class _Camera:
     url: str
     priority: int
     live: bool
+    realtime: bool
     state: str = "starting"
     rates: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=64))
 
@@ -80,9 +82,13 @@ class CameraStates:
         self._cameras: dict[str, _Camera] = {}
         self._clock = clock
 
-    def add(self, camera: str, url: str, priority: int, live: bool) -> None:
+    def add(
+        self, camera: str, url: str, priority: int, live: bool, realtime: bool | None = None
+    ) -> None:
+        """``live``: a network camera; ``realtime``: the config's setting (a file replayed at
+        its frame rate); a live camera is always real-time."""
         with self._lock:
-            self._cameras[camera] = _Camera(redact_url(url), priority, live)
+            self._cameras[camera] = _Camera(redact_url(url), priority, live, live or bool(realtime))
 
     def set(self, camera: str, state: str) -> None:
         with self._lock:
@@ -143,6 +149,7 @@ def _view(camera: str, entry: _Camera, summary: CameraSummary | None, now: float
         state=entry.state,
         priority=entry.priority,
         live=entry.live,
+        realtime=entry.realtime,
         decoded=summary.decoded if summary else 0,
         processed=summary.processed if summary else 0,
         dropped=dict(summary.dropped) if summary else {},

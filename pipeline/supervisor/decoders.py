@@ -242,6 +242,7 @@ class DecoderSupervisor(Part):
             cluster=self._config.redis.cluster,
             reconnect_timeout_s=self._config.redis.reconnect_timeout_s,
             max_frame_bytes=self._letterbox.max_bytes,
+            log_level=logging.getLogger().getEffectiveLevel(),  # -v reaches the decoders
             parent_pid=os.getpid(),  # a decoder dies with this process, however it ends
         )
 

@@ -48,13 +48,13 @@ def start_http(
     sock: socket.socket | None,
     services: Services,
     *,
-    cameras: CameraOps,
-    label: Callable[[int], str],
+    cameras: CameraOps | None,
+    label: Callable[[int], str] = str,
     token: str | None,
     stack: ExitStack,
 ) -> str | None:
     """The endpoint on its own thread; returns its URL (None when there is no socket).
-    ``cameras``: the camera changes the API may make."""
+    ``cameras``: the camera changes the API may make; None: metrics and health only."""
     if sock is None:
         return None
     from pipeline.serve.http import HttpServer, build_app
@@ -68,7 +68,8 @@ def start_http(
         label=label,
         token=token,
     )
-    server = HttpServer(app, sock)
+    serves = "metrics and health" if cameras is None else "metrics, health, API and live view"
+    server = HttpServer(app, sock, serves)
     server.start()
     stack.callback(server.close)
     return server.url

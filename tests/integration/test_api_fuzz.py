@@ -147,7 +147,8 @@ def test_no_request_makes_a_server_error(api_schema, confine: Confine, subtests,
             "/api/cameras",
             '{"id": "deep", "url": "x.mp4", "fps": ' + "[" * 900 + "]" * 900 + "}",
         ),
-        ("PATCH", "/api/cameras/lobby", '{"priority": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+        # under the 64 KiB cap (a larger body is refused before it is parsed)
+        ("PATCH", "/api/cameras/lobby", '{"priority": ' + "[" * 30_000 + "]" * 30_000 + "}"),
         ("POST", "/api/cameras", b"\xff\xfe{"),  # not UTF-8
     ],
     ids=["nested-body", "nested-field", "nested-patch", "not-utf8"],

@@ -4,8 +4,12 @@ without a restart (every frame counted), metrics reflecting it, and a taken port
 from __future__ import annotations
 
 import json
+import select
 import socket
+import threading
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -209,3 +213,154 @@ def test_more_cameras_added_than_the_batching_queue_held_are_all_read(assets, tm
     assert code == 0, err[-3000:]
     cameras = {c["camera"]: c for c in json.loads(summary_path.read_text())["cameras"]}
     assert set(cameras) == {"base", *added}
+
+
+# --- request bodies are capped before they are read (issue #21, item 13) ---------------------
+MiB = 1024 * 1024
+PIECE = b"x" * (64 * 1024)
+RSS_GROWTH_MAX = 24 * MiB  # the cap is 64 KiB; a batch's tensors alone are larger than this
+
+
+def rss_bytes(pid: int, field: str = "VmRSS") -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} for process {pid}")
+
+
+class RssPeak:
+    """The highest VmRSS of a process while the block runs, sampled every 5 ms."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.before = self.peak = rss_bytes(pid)
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._done.wait(0.005):
+            self.peak = max(self.peak, rss_bytes(self.pid))
+
+    def __enter__(self) -> RssPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        time.sleep(0.2)  # what the server does after answering counts too
+        self._done.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_bytes(self.pid))
+
+    @property
+    def growth(self) -> int:
+        return self.peak - self.before
+
+
+@dataclass
+class Upload:
+    status: int | None  # the server's answer; None if it closed without one
+    sent: int  # body bytes written before the answer came (or the connection broke)
+    seconds: float
+    body: bytes = b""
+
+
+def upload(port: int, path: str, size: int, *, chunked: bool, method: str = "POST") -> Upload:
+    """Send ``size`` bytes of body in 64 KiB pieces over a raw socket, as fast as the server
+    takes them, and stop as soon as it answers (or closes): what a client that means harm, or
+    a buggy one, does. With ``chunked`` the body has no ``Content-Length``."""
+    framing = b"Transfer-Encoding: chunked" if chunked else f"Content-Length: {size}".encode()
+    head = (
+        f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n".encode()
+        + b"Content-Type: application/json\r\n"
+        + framing
+        + b"\r\n\r\n"
+    )
+    piece = f"{len(PIECE):x}\r\n".encode() + PIECE + b"\r\n" if chunked else PIECE
+    started = time.monotonic()
+    sent = 0
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(head)
+        try:
+            while sent < size:
+                readable, _, _ = select.select([sock], [], [], 0)
+                if readable:
+                    break  # answered (or closed) before the whole body went
+                sock.sendall(piece)
+                sent += len(PIECE)
+            else:
+                if chunked:
+                    sock.sendall(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server closed while the client was sending: its answer may be in
+        seconds = time.monotonic() - started
+        answer = b""
+        try:
+            while b"\r\n\r\n" not in answer or len(answer) < answer.index(b"\r\n\r\n") + 4:
+                data = sock.recv(65536)
+                if not data:
+                    break
+                answer += data
+            sock.settimeout(1)
+            while data := sock.recv(65536):
+                answer += data
+        except (ConnectionResetError, TimeoutError):
+            pass
+    if not answer.startswith(b"HTTP/1.1 "):
+        return Upload(None, sent, seconds)
+    status = int(answer.split(b" ", 2)[1])
+    return Upload(status, sent, seconds, answer.partition(b"\r\n\r\n")[2])
+
+
+@pytest.fixture
+def idle_daemon(assets, tmp_path):
+    """A daemon whose one camera (8 frames) is done: its memory holds still."""
+    port = free_port()
+    config = write_config(
+        tmp_path / "idle.yaml",
+        model=MODEL,
+        cameras=[{"id": "cam1", "url": str(STREET)}],
+        redis_url=None,
+        http={"listen": f"127.0.0.1:{port}"},
+    )
+    proc = start_daemon(config)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=15) as client:
+            wait_for(lambda: (r := get(client, "/readyz")) and r.status_code == 200, 90, "ready")
+            wait_for(lambda: camera(client, "cam1")["processed"] == 8, 60, "cam1's 8 frames")
+            time.sleep(1.0)  # the last batch's buffers freed
+            yield proc, port, client
+    finally:
+        code, _, err = stop_daemon(proc)
+    assert code == 0, err[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("path", "size", "chunked"),
+    [
+        ("/api/cameras", 400 * MiB, False),
+        ("/api/cameras", 100 * MiB, True),
+        ("/api/cameras/cam1", 100 * MiB, True),  # PATCH's body, read by FastAPI for its model
+    ],
+    ids=["content-length-400MiB", "chunked-100MiB", "chunked-patch"],
+)
+def test_a_huge_body_is_refused_before_it_is_read(idle_daemon, path, size, chunked):
+    """An authorised client that sends hundreds of MiB gets 413 at once: a declared length
+    over 64 KiB before any of the body is read, a chunked body once it passes 64 KiB, and the
+    daemon's memory does not grow with what was sent (its peak grew by 800 MB for 400 MiB when
+    the cap was checked after reading the whole body; under 1 MB since)."""
+    proc, port, client = idle_daemon
+    method = "PATCH" if path != "/api/cameras" else "POST"
+    with RssPeak(proc.pid) as rss:
+        answer = upload(port, path, size, chunked=chunked, method=method)
+    print(
+        f"{path} {size // MiB} MiB chunked={chunked}: {answer.status} after "
+        f"{answer.sent / MiB:.1f} MiB in {answer.seconds:.2f} s; RSS {rss.before / MiB:.0f} MB, "
+        f"peak +{rss.growth / MiB:.1f} MB"
+    )
+    assert answer.status == 413, answer
+    assert b"64 KiB" in answer.body
+    assert answer.sent < 32 * MiB and answer.seconds < 10, answer  # not the whole body
+    assert rss.growth < RSS_GROWTH_MAX, (rss.before, rss.peak)
+    # the daemon serves on, and a camera's body under the cap still goes through
+    assert client.get("/healthz").status_code == 200
+    assert client.patch("/api/cameras/cam1", json={"priority": 2}).status_code == 200

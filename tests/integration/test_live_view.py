@@ -1,7 +1,9 @@
 """The live view in a real (headless) browser, and the bearer token, against a running daemon.
 
 Chromium loads ``/`` with ``--dump-dom``: the page's own fetches, timers and image loads run
-(on virtual time, which waits for pending requests), and the DOM they built comes back.
+(on virtual time, which waits for pending requests), and the DOM they built comes back. The
+browser has no network but this machine's loopback (every other name fails to resolve, every
+other address goes to a proxy that is not there), as on a site without the internet.
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ START_S = 60.0  # model load and warm-up on two slow cores included
 STOP_S = 30.0
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 BUDGET_MS = 3500  # virtual time: the page refreshes every second, so at least three updates
+OFFLINE = (
+    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1, EXCLUDE localhost",
+    "--proxy-server=http://127.0.0.1:9",  # addresses given as numbers (loopback is never proxied)
+)
 
 
 def wait_for(check: Callable[[], T], timeout_s: float, what: str) -> T:
@@ -148,6 +154,7 @@ def looping_config(path: Path, redis_url: str, clips: dict[str, Path], **http: A
 class Tile:
     processed: int
     frame: str | None  # the image's natural size once loaded ("640x360"), "error" if it failed
+    source: str | None = None  # live, replay (a file replayed in real time) or file
     src: str | None = None
 
 
@@ -156,6 +163,7 @@ class Page:
     updates: int = 0  # refreshes the page completed
     updated: str = ""
     tiles: dict[str, Tile] = field(default_factory=dict)
+    links: dict[str, str] = field(default_factory=dict)  # an <a>'s id -> its href
 
 
 class _PageParser(HTMLParser):
@@ -172,10 +180,16 @@ class _PageParser(HTMLParser):
             self.page.updates = int(attr.get("data-updates") or 0)
             self._updated = True
         elif element_id.startswith("camera-"):
-            self._tile = Tile(int(attr.get("data-processed") or 0), attr.get("data-frame"))
+            self._tile = Tile(
+                int(attr.get("data-processed") or 0),
+                attr.get("data-frame"),
+                attr.get("data-source"),
+            )
             self.page.tiles[element_id.removeprefix("camera-")] = self._tile
         elif tag == "img" and self._tile is not None:
             self._tile.src = attr.get("src")
+        elif tag == "a" and element_id:
+            self.page.links[element_id] = attr.get("href") or ""
 
     def handle_data(self, data: str) -> None:
         if self._updated:
@@ -193,7 +207,14 @@ def browser() -> str:
 
 
 def load_page(chrome: str, url: str, profile: Path) -> Page:
-    """The DOM after ``BUDGET_MS`` of the page's (virtual) time."""
+    """The live view's DOM after ``BUDGET_MS`` of the page's (virtual) time."""
+    parser = _PageParser()
+    parser.feed(dump_dom(chrome, url, profile))
+    return parser.page
+
+
+def dump_dom(chrome: str, url: str, profile: Path) -> str:
+    """The DOM a page built after ``BUDGET_MS`` of its (virtual) time, offline."""
     result = subprocess.run(
         [
             chrome,
@@ -204,6 +225,7 @@ def load_page(chrome: str, url: str, profile: Path) -> Page:
             "--disable-extensions",
             f"--user-data-dir={profile}",
             f"--virtual-time-budget={BUDGET_MS}",
+            *OFFLINE,
             "--dump-dom",
             url,
         ],
@@ -212,9 +234,7 @@ def load_page(chrome: str, url: str, profile: Path) -> Page:
         timeout=60,
     )
     assert result.returncode == 0 and "<html" in result.stdout, result.stderr[-2000:]
-    parser = _PageParser()
-    parser.feed(result.stdout)
-    return parser.page
+    return result.stdout
 
 
 # --- the tests ------------------------------------------------------------------------------
@@ -238,8 +258,12 @@ def test_every_camera_has_a_tile_with_its_newest_frame_and_the_page_updates(
 ):
     chrome = browser()
     bearer = {"Authorization": f"Bearer {TOKEN}"}
-    cameras = {c["id"] for c in api.get("/api/cameras", headers=bearer).json()}
+    listed = api.get("/api/cameras", headers=bearer).json()
+    cameras = {c["id"] for c in listed}
     assert cameras == set(CLIPS)
+    # files replayed at their frame rate, as the demo's: not live (network) cameras, and the
+    # API and the view say so with the same words
+    assert all(not c["live"] and c["realtime"] for c in listed), listed
 
     first = load_page(chrome, f"{daemon.url}/?token={TOKEN}", tmp_path / "profile")
     assert set(first.tiles) == cameras, first
@@ -247,6 +271,7 @@ def test_every_camera_has_a_tile_with_its_newest_frame_and_the_page_updates(
     assert not first.updated.startswith("error"), first.updated
     for camera, tile in first.tiles.items():
         assert tile.processed > 0, (camera, tile)
+        assert tile.source == "replay", (camera, tile)
         assert tile.src and tile.src.startswith(f"/api/cameras/{camera}/frame.jpg?"), tile
         # the browser loaded the image: its onload noted the natural size
         assert tile.frame and re.fullmatch(r"[1-9]\d*x[1-9]\d*", tile.frame), (camera, tile)
@@ -288,3 +313,25 @@ def test_the_api_and_the_view_need_the_token_while_metrics_and_probes_stay_open(
     assert 'framebatch_frames_processed_total{camera="lobby"}' in metrics.text
     assert api.get("/healthz").json() == {"status": "ok"}
     assert api.get("/readyz").json() == {"status": "ready"}
+
+
+def test_the_api_browser_works_offline_and_the_view_links_it(
+    daemon: Daemon, api: httpx.Client, tmp_path
+):
+    """``/docs`` (Swagger UI) renders every operation of ``/openapi.json`` with no network:
+    its scripts and styles come from the daemon, not a CDN; the live view links both."""
+    chrome = browser()
+    schema = api.get("/openapi.json")
+    assert schema.status_code == 200
+    paths = set(schema.json()["paths"])
+    assert "/api/cameras" in paths
+    dom = dump_dom(chrome, f"{daemon.url}/docs", tmp_path / "profile")
+    rendered = set(re.findall(r'class="opblock-summary-path" data-path="([^"]+)"', dom))
+    assert rendered == paths, (rendered, dom[-2000:])
+    for asset in re.findall(r'(?:src|href)="(/docs-assets/[^"]+)"', dom):
+        assert api.get(asset).status_code == 200, asset
+    redoc = api.get("/redoc").text  # ReDoc's script is the daemon's too
+    assert re.findall(r'src="([^"]+)"', redoc) == ["/docs-assets/redoc.standalone.js"], redoc
+
+    page = load_page(chrome, f"{daemon.url}/?token={TOKEN}", tmp_path / "profile")
+    assert page.links["api-docs"] == "/docs" and page.links["api-schema"] == "/openapi.json"

@@ -203,3 +203,24 @@ def test_a_graceful_stop_reads_how_each_camera_ended(
         assert camera["in_flight"] == 0, camera
     for camera in ("paced", "live"):  # nothing left in the streams for the next run
         assert redis_client.xlen(keys.frames(camera)) == 0, camera
+
+
+def test_two_signals_while_the_model_loads_exit_at_once(assets, tmp_path, prefix):
+    """The model loads in one long call into ONNX Runtime, during which Python runs no signal
+    handler: two SIGTERMs then ran it once (a graceful stop, the second lost). Counted from the
+    interpreter's wakeup pipe, the second exits at once."""
+    daemon = start_daemon(tmp_path, prefix)
+    try:
+        assert daemon.stderr is not None
+        for line in daemon.stderr:  # the HTTP endpoint serves: the model load comes next
+            if "http:" in line:
+                break
+        daemon.send_signal(signal.SIGTERM)
+        time.sleep(0.05)
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=10)
+        assert daemon.returncode == 128 + signal.SIGTERM
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+        daemon.communicate()

@@ -5,15 +5,18 @@
   the run);
   ``GET /readyz``: 200 once the model is loaded and warm and Redis answers (readiness);
 * ``/api/cameras``: list, add (validated as a config's camera), change priority, remove
-  (the camera drains: its frames are all processed or counted); OpenAPI at ``/openapi.json``;
+  (the camera drains: its frames are all processed or counted); OpenAPI at ``/openapi.json``,
+  browsed at ``/docs`` (Swagger UI) or ``/redoc``, their assets served locally;
 * ``GET /``: the live view (``pipeline/serve/web/index.html``), frames at
   ``/api/cameras/{id}/frame.jpg``.
 
 With ``http.token`` set, the API and the view need ``Authorization: Bearer <token>`` (the page
 takes it as ``?token=``); without one (loopback only) they take only loopback ``Host`` headers,
-and changes only as ``application/json``. ``/metrics`` and the probes stay open, as Prometheus
-and Kubernetes expect. The server (uvicorn) runs on its own thread; every change to the
-pipeline is carried out by the supervisor's thread (``pipeline.serve.control``).
+and changes only as ``application/json``. Every request body is at most 64 KiB, refused before
+it is read when its ``Content-Length`` says more (:mod:`.limits`). ``/metrics`` and the probes
+stay open, as Prometheus and Kubernetes expect. The server (uvicorn) runs on its own thread;
+every change to the pipeline is carried out by the supervisor's thread
+(``pipeline.serve.control``).
 
 The app is assembled in :mod:`.app` from one router per concern (:mod:`.routes`), the access
 rules of :mod:`.security` and the request and response models of :mod:`.models`;
@@ -22,6 +25,7 @@ rules of :mod:`.security` and the request and response models of :mod:`.models`;
 
 from pipeline.serve.http.app import build_app, validation_problems
 from pipeline.serve.http.handles import CameraOps, PipelineHandles
+from pipeline.serve.http.limits import MAX_BODY_BYTES, BodyLimit
 from pipeline.serve.http.models import (
     CAMERA_ID,
     CAMERA_ID_PATTERN,
@@ -31,7 +35,6 @@ from pipeline.serve.http.models import (
     Stats,
     camera_schema,
 )
-from pipeline.serve.http.routes.cameras import MAX_BODY_BYTES
 from pipeline.serve.http.routes.view import PAGE
 from pipeline.serve.http.security import LOOPBACK_NAMES, BearerCredentials, host_name
 from pipeline.serve.http.server import SERVER_STOP_S, HttpServer, bind
@@ -44,6 +47,7 @@ __all__ = [
     "PAGE",
     "SERVER_STOP_S",
     "BearerCredentials",
+    "BodyLimit",
     "CameraOps",
     "CameraOut",
     "HttpServer",

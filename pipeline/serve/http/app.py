@@ -1,5 +1,7 @@
 """``build_app``: the FastAPI app of the endpoint, assembled from the routers of
-:mod:`pipeline.serve.http.routes`, with errors answered as ``Problem`` bodies."""
+:mod:`pipeline.serve.http.routes`, with errors answered as ``Problem`` bodies, every request
+body capped (:mod:`.limits`) and the API's browser (``/docs``, ``/redoc``) served from this
+process: fastapi-offline ships Swagger UI and ReDoc, so the pages work without the internet."""
 
 from __future__ import annotations
 
@@ -8,21 +10,25 @@ from collections.abc import Callable
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 from prometheus_client import CollectorRegistry
 
 from pipeline.config.errors import MAX_LINE, clip
 from pipeline.serve.control import Control
 from pipeline.serve.http.handles import CameraOps, PipelineHandles
+from pipeline.serve.http.limits import MAX_BODY_BYTES, BodyLimit
 from pipeline.serve.http.routes import cameras as camera_routes
 from pipeline.serve.http.routes import health, metrics, view
 from pipeline.serve.http.security import access_for
 from pipeline.serve.live_view import LiveFrames
 
+DOCS_ASSETS = "/docs-assets"  # Swagger UI's and ReDoc's scripts and styles
+
 
 def build_app(
     *,
     control: Control,
-    cameras: CameraOps,
+    cameras: CameraOps | None,
     registry: CollectorRegistry,
     live: LiveFrames,
     utilization: Callable[[], float],
@@ -30,27 +36,32 @@ def build_app(
     token: str | None = None,
 ) -> FastAPI:
     """The endpoint over a running pipeline's objects; with ``token``, the API and the view
-    need it as a bearer token, without one they take only loopback ``Host`` headers."""
-    app = FastAPI(
+    need it as a bearer token, without one they take only loopback ``Host`` headers.
+    ``cameras`` None: metrics and health only (``framebatch decode``: no detections to show,
+    no camera API)."""
+    app = FastAPIOffline(  # /docs and /redoc with their scripts served here, not from a CDN
         title="framebatch",
         summary="Metrics, health, cameras and live view of a running framebatch pipeline",
         version="1",
+        static_url=DOCS_ASSETS,
     )
-    pipeline = PipelineHandles(
-        control=control,
-        cameras=cameras,
-        registry=registry,
-        live=live,
-        utilization=utilization,
-        label=label,
-    )
-    access = access_for(token)
     app.include_router(metrics.router(registry))
     app.include_router(health.router(control))
-    app.include_router(camera_routes.router(pipeline, access))
-    app.include_router(view.router(pipeline, access))
+    if cameras is not None:
+        pipeline = PipelineHandles(
+            control=control,
+            cameras=cameras,
+            registry=registry,
+            live=live,
+            utilization=utilization,
+            label=label,
+        )
+        access = access_for(token)
+        app.include_router(camera_routes.router(pipeline, access))
+        app.include_router(view.router(pipeline, access))
     app.add_exception_handler(HTTPException, problem)
     app.add_exception_handler(RequestValidationError, unprocessable)
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
     return app
 
 

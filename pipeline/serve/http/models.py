@@ -20,7 +20,15 @@ class CameraOut(BaseModel):
         description="starting, running, reconnecting, ended, failed, draining, removed"
     )
     priority: int
-    live: bool
+    live: bool = Field(
+        description="A live camera: a network stream (rtsp://) that never ends and sheds the "
+        "frames it sends faster than they are detected; false for a video file"
+    )
+    realtime: bool = Field(
+        description="Frames come at the source's own pace: a live camera, or a file replayed "
+        "in real time (realtime: true, as the demo's cameras); false for a file read as fast "
+        "as the detector takes it"
+    )
     decoded: int
     processed: int
     dropped: dict[str, int] = Field(description="Frames without detections, by cause")

@@ -36,8 +36,15 @@ def bind(listen: str) -> socket.socket:
 class HttpServer:
     """uvicorn on a thread, on a socket bound before (``bind``); ``close`` stops it."""
 
-    def __init__(self, app: FastAPI, sock: socket.socket):
+    def __init__(
+        self,
+        app: FastAPI,
+        sock: socket.socket,
+        serves: str = "metrics, health, API and live view",
+    ):
+        """``serves``: what the endpoint offers, for the log line that gives its address."""
         self._sock = sock
+        self._serves = serves
         config = uvicorn.Config(
             app,
             log_level="warning",
@@ -58,7 +65,7 @@ class HttpServer:
 
     def start(self) -> None:
         self._thread.start()
-        log.info("http: metrics, health, API and live view on %s", self.url)
+        log.info("http: %s on %s", self._serves, self.url)
 
     def close(self) -> None:
         self._server.should_exit = True

@@ -15,8 +15,6 @@ from pipeline.serve.http.handles import PipelineHandles
 from pipeline.serve.http.models import CAMERA_ID, CameraOut, PriorityIn, Problem, camera_schema
 from pipeline.serve.http.security import Access
 
-MAX_BODY_BYTES = 64 * 1024
-
 
 def out(view: CameraView) -> CameraOut:
     return CameraOut(**asdict(view))
@@ -61,9 +59,7 @@ def router(pipeline: PipelineHandles, access: Access) -> APIRouter:
     async def add_camera(request: Request) -> CameraOut:
         """Add a camera without a restart; validated as a config's ``cameras`` entry (relative
         file paths are relative to the config file)."""
-        body = await request.body()
-        if len(body) > MAX_BODY_BYTES:
-            raise HTTPException(413, f"a camera is under {MAX_BODY_BYTES // 1024} KiB of JSON")
+        body = await request.body()  # capped before and while it is read (``BodyLimit``)
         try:
             data = json.loads(body)
         except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deep
