@@ -84,6 +84,26 @@ class ProcessFlag:
         return True
 
 
+class AnyOf:
+    """A stop signal set when any of its signals is (each polled, as ``ProcessFlag`` is)."""
+
+    def __init__(self, *signals: StopSignal | None, poll_s: float = 0.02):
+        self._signals = [s for s in signals if s is not None]
+        self._poll_s = poll_s
+
+    def is_set(self) -> bool:
+        return any(s.is_set() for s in self._signals)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.is_set():
+            remaining = self._poll_s if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            time.sleep(min(remaining, self._poll_s))  # the wait primitive itself
+        return True
+
+
 class PreparedImage(Protocol):
     """What a frame preparer returns (``detectors.preprocess.Letterboxed`` fits)."""
 
@@ -353,18 +373,24 @@ class DecodeWorker:
 
 
 def wait_until_read(
-    client: redis.Redis, stream_key: str, released: StopSignal | None, idle_s: float = LINGER_IDLE_S
+    client: redis.Redis,
+    stream_key: str,
+    released: StopSignal | None,
+    idle_s: float = LINGER_IDLE_S,
+    gone: StopSignal | None = None,
 ) -> None:
     """Block while the batcher still has this camera's frames to read (the stream is not empty:
     acknowledged frames are deleted), until ``released``. Without a ``released`` signal (no
     supervising daemon), also until nothing was read for ``idle_s`` (no batcher is reading);
-    with one, only the daemon decides: a slow model load must not cost the frames."""
+    with one, only the daemon decides: a slow model load must not cost the frames.  ``gone``:
+    the daemon is gone, nobody will read them."""
     if released is None:
         released = threading.Event()
     else:
         idle_s = math.inf
     last, idle_since = None, time.monotonic()
-    while (backlog := client.xlen(stream_key)) > 0 and not released.is_set():
+    gone = gone or threading.Event()
+    while (backlog := client.xlen(stream_key)) > 0 and not (released.is_set() or gone.is_set()):
         now = time.monotonic()
         if backlog != last:
             last, idle_since = backlog, now
@@ -408,12 +434,17 @@ def run_decoder_process(
     parent_pid, cluster = job.parent_pid, job.cluster
     reconnect_timeout_s = job.reconnect_timeout_s
     configure_process_logging(job.log_level)  # the daemon's format, time stamps included
+    # the parent died or is terminating this process: ParentGone says so, and so does this
+    # flag, which the loops look at, should the exception land in a finalizer and be dropped
+    gone = threading.Event()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # one thread per decoder: the cameras run side by side already, and OpenCV's own pool
     # made the letterbox's resize cost 2.0 instead of 1.1 ms of CPU a frame (docs/benchmarks.md)
     cv2.setNumThreads(0)
     if parent_pid is not None:
-        raise_parent_gone_on(signal.SIGTERM, parent_pid=parent_pid, stopping=stop.is_set)
+        raise_parent_gone_on(
+            signal.SIGTERM, parent_pid=parent_pid, stopping=stop.is_set, on_gone=gone.set
+        )
         die_with_parent(parent_pid, signal.SIGTERM)
     client = connect(redis_url, reconnect_timeout_s=reconnect_timeout_s, cluster=cluster)
     fail_fast = connect(redis_url, fail_fast=True, cluster=cluster)
@@ -436,7 +467,7 @@ def run_decoder_process(
             prepare=job.prepare,
             encoder=encoder,
             fail_fast_client=fail_fast,
-        ).run(stop)
+        ).run(AnyOf(stop, gone))
         if ends is not None:
             with contextlib.suppress(OSError):  # the supervisor is gone: nobody to tell
                 ends.send(end.to_fields())
@@ -455,8 +486,8 @@ def run_decoder_process(
         redis_gone = True
     finally:
         try:
-            if encoder.holds_frames and not orphaned and not redis_gone:
-                wait_until_read(client, keys.frames(spec.camera), released)
+            if encoder.holds_frames and not orphaned and not redis_gone and not gone.is_set():
+                wait_until_read(client, keys.frames(spec.camera), released, gone=gone)
         finally:
             encoder.close()
             client.close()

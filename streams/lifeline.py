@@ -66,15 +66,26 @@ def tied_to_parent(command: list[str], signum: int = signal.SIGTERM) -> dict[str
     return {"args": command, "preexec_fn": preexec}
 
 
-def raise_parent_gone_on(signum: int, *, parent_pid: int, stopping: Callable[[], bool]) -> None:
+def raise_parent_gone_on(
+    signum: int,
+    *,
+    parent_pid: int,
+    stopping: Callable[[], bool],
+    on_gone: Callable[[], None] = lambda: None,
+) -> None:
     """In a child: turn ``signum`` into :class:`ParentGone`, so cleanup runs, when it means
     the end: the parent died (the parent-death signal), or the parent is stopping us
     (``stopping()``: it asked, then terminated a child that did not finish).  Otherwise it
     was meant for the whole process group (a service manager stopping everything) and the
-    parent, which got it too, coordinates the stop: ignored."""
+    parent, which got it too, coordinates the stop: ignored.
+
+    ``on_gone()`` runs first: an exception raised while a finalizer runs (``__del__``, where a
+    signal's handler may land) is printed and dropped by the interpreter, so the child must
+    also learn it some other way (a flag its loops look at)."""
 
     def handle(received: int, _frame: object) -> None:
         if os.getppid() != parent_pid or stopping():
+            on_gone()
             raise ParentGone(128 + received)
 
     signal.signal(signum, handle)
