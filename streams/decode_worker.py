@@ -435,8 +435,9 @@ def run_decoder_process(
     reconnect_timeout_s = job.reconnect_timeout_s
     configure_process_logging(job.log_level)  # the daemon's format, time stamps included
     # the parent died or is terminating this process: ParentGone says so, and so does this
-    # flag, which the loops look at, should the exception land in a finalizer and be dropped
-    gone = threading.Event()
+    # flag, which the loops look at, should the exception land in a finalizer and be dropped;
+    # lock-free (a signal handler that takes a lock deadlocks when a second signal interrupts it)
+    gone = ProcessFlag()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # one thread per decoder: the cameras run side by side already, and OpenCV's own pool
     # made the letterbox's resize cost 2.0 instead of 1.1 ms of CPU a frame (docs/benchmarks.md)

@@ -81,7 +81,8 @@ def raise_parent_gone_on(
 
     ``on_gone()`` runs first: an exception raised while a finalizer runs (``__del__``, where a
     signal's handler may land) is printed and dropped by the interpreter, so the child must
-    also learn it some other way (a flag its loops look at)."""
+    also learn it some other way (a flag its loops look at).  It must take no lock: a second
+    signal can interrupt the handler inside it (``threading.Event.set`` deadlocks there)."""
 
     def handle(received: int, _frame: object) -> None:
         if os.getppid() != parent_pid or stopping():

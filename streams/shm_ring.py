@@ -103,19 +103,23 @@ class ShmRing:
                 # reserve the memory now: a full tmpfs is an error here, not a SIGBUS later
                 os.posix_fallocate(fd, 0, size)
             except OSError as exc:
-                self.path.unlink(missing_ok=True)
                 raise RingUnavailable(
                     exc.errno,
                     f"cannot reserve {size / 2**20:.0f} MiB for {slots} frames in {directory}: "
                     f"{exc.strerror}",
                 ) from None
             self._map = mmap.mmap(fd, size)
+            _HEADER.pack_into(
+                self._map, 0, MAGIC, VERSION, slots, slot_bytes, self._stride, host.encode()[:64]
+            )
+            self._view = np.frombuffer(self._map, dtype=np.uint8)
+        except BaseException:
+            # whatever stops the creation (a full tmpfs, the process told to go while the
+            # memory is reserved, which takes a while) leaves no name behind: nobody owns it
+            self.path.unlink(missing_ok=True)
+            raise
         finally:
             os.close(fd)
-        _HEADER.pack_into(
-            self._map, 0, MAGIC, VERSION, slots, slot_bytes, self._stride, host.encode()[:64]
-        )
-        self._view = np.frombuffer(self._map, dtype=np.uint8)
 
     def _create(self) -> int:
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL

@@ -203,9 +203,9 @@ class ShmEncoder:
         return Encoded("shm", b"", ShmRef(self.name, slot, generation, self._host))
 
     def close(self) -> None:
-        ring, self._ring = self._ring, None
-        if ring is not None:
-            ring.close()
+        if self._ring is not None:
+            self._ring.close()  # idempotent: its name goes first, whatever interrupts it
+        self._ring = None
 
 
 def make_encoder(

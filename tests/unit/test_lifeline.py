@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from streams.decode_worker import AnyOf
+from streams.decode_worker import AnyOf, ProcessFlag
 from streams.lifeline import ParentGone, raise_parent_gone_on
 
 
@@ -32,7 +32,7 @@ class _SignalledInFinalizer:
 # the point of the test: the interpreter drops what the handler raises inside __del__
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_parent_gone_exception_dropped_in_a_finalizer_still_sets_the_flag(restore_sigusr1):
-    gone = threading.Event()
+    gone = ProcessFlag()  # lock-free, as the decoder's
     raise_parent_gone_on(
         signal.SIGUSR1, parent_pid=os.getppid(), stopping=lambda: True, on_gone=gone.set
     )
@@ -42,7 +42,7 @@ def test_a_parent_gone_exception_dropped_in_a_finalizer_still_sets_the_flag(rest
 
 
 def test_a_parent_gone_exception_unwinds_where_it_can(restore_sigusr1):
-    gone = threading.Event()
+    gone = ProcessFlag()  # lock-free, as the decoder's
     raise_parent_gone_on(
         signal.SIGUSR1, parent_pid=os.getppid(), stopping=lambda: True, on_gone=gone.set
     )
@@ -54,7 +54,7 @@ def test_a_parent_gone_exception_unwinds_where_it_can(restore_sigusr1):
 
 
 def test_a_signal_meant_for_the_whole_group_is_ignored(restore_sigusr1):
-    gone = threading.Event()
+    gone = ProcessFlag()  # lock-free, as the decoder's
     raise_parent_gone_on(
         signal.SIGUSR1, parent_pid=os.getppid(), stopping=lambda: False, on_gone=gone.set
     )

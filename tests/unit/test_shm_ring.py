@@ -250,3 +250,20 @@ def test_remove_segments_of_given_pids(tmp_path: Path) -> None:
     assert theirs.path.exists() and not mine.path.exists()
     theirs.close()
     mine.close()
+
+
+class _Interrupted(BaseException):
+    """What a signal's handler raises in a decoder told to go (``ParentGone``)."""
+
+
+def test_a_ring_interrupted_while_it_is_created_leaves_no_name(tmp_path: Path, monkeypatch):
+    """Reserving a ring's memory takes a while: a decoder told to go then (its daemon gone)
+    left the half-made segment behind, owned by nobody."""
+
+    def interrupted(fd: int, offset: int, size: int) -> None:
+        raise _Interrupted
+
+    monkeypatch.setattr(os, "posix_fallocate", interrupted)
+    with pytest.raises(_Interrupted):
+        ring(tmp_path)
+    assert list(tmp_path.iterdir()) == []
