@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Protocol
 
 import cv2
@@ -37,7 +38,7 @@ from streams.redis_connect import DEFAULT_RECONNECT_TIMEOUT_S, connect
 from streams.redis_errors import OUTAGE_ERRORS, is_outage
 from streams.sampling import FrameSampler
 from streams.sources import SourceError, VideoSource
-from streams.transport import FrameEncoder, RawEncoder, TransportSpec, make_encoder
+from streams.transport import FrameEncoder, RawEncoder, ShmEncoder, TransportSpec, make_encoder
 from streams.urls import redact_url
 
 log = logging.getLogger(__name__)
@@ -416,6 +417,26 @@ class DecoderJob:
     log_level: int = logging.INFO  # the parent's: a spawned process does not inherit it
 
 
+def leave_when_gone(
+    gone: ProcessFlag, encoder: FrameEncoder, transport: TransportSpec
+) -> Callable[[], None]:
+    """What a decoder does in its SIGTERM handler once its daemon is gone (or terminating it):
+    set ``gone``, and unlink its shm ring's name, since nobody will read the ring any more.
+
+    Unlinked there, not only by the cleanup the handler's exception starts: a signal lands
+    between any two bytecodes, so the exception may come as the ring is made, before the
+    encoder holds it, or be dropped in a finalizer, or cut short the cleanup of an earlier
+    one.  The name holds this process's pid: no other process owns it."""
+    ring = Path(transport.shm_dir) / encoder.name if isinstance(encoder, ShmEncoder) else None
+
+    def leave() -> None:
+        gone.set()
+        if ring is not None:
+            ring.unlink(missing_ok=True)  # one system call, no lock: safe in the handler
+
+    return leave
+
+
 def run_decoder_process(
     job: DecoderJob,
     stop: StopSignal,
@@ -442,14 +463,7 @@ def run_decoder_process(
     # one thread per decoder: the cameras run side by side already, and OpenCV's own pool
     # made the letterbox's resize cost 2.0 instead of 1.1 ms of CPU a frame (docs/benchmarks.md)
     cv2.setNumThreads(0)
-    if parent_pid is not None:
-        raise_parent_gone_on(
-            signal.SIGTERM, parent_pid=parent_pid, stopping=stop.is_set, on_gone=gone.set
-        )
-        die_with_parent(parent_pid, signal.SIGTERM)
-    client = connect(redis_url, reconnect_timeout_s=reconnect_timeout_s, cluster=cluster)
-    fail_fast = connect(redis_url, fail_fast=True, cluster=cluster)
-    keys = StreamKeys(prefix)
+    # before the handler, which names its ring (the ring itself comes with the first frame)
     encoder = make_encoder(
         job.transport,
         redis_url=redis_url,
@@ -459,6 +473,17 @@ def run_decoder_process(
         pid=os.getpid(),
         max_frame_bytes=job.max_frame_bytes,
     )
+    if parent_pid is not None:
+        raise_parent_gone_on(
+            signal.SIGTERM,
+            parent_pid=parent_pid,
+            stopping=stop.is_set,
+            on_gone=leave_when_gone(gone, encoder, job.transport),
+        )
+        die_with_parent(parent_pid, signal.SIGTERM)
+    client = connect(redis_url, reconnect_timeout_s=reconnect_timeout_s, cluster=cluster)
+    fail_fast = connect(redis_url, fail_fast=True, cluster=cluster)
+    keys = StreamKeys(prefix)
     orphaned = redis_gone = False
     try:
         end = DecodeWorker(

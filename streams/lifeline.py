@@ -79,14 +79,25 @@ def raise_parent_gone_on(
     was meant for the whole process group (a service manager stopping everything) and the
     parent, which got it too, coordinates the stop: ignored.
 
-    ``on_gone()`` runs first: an exception raised while a finalizer runs (``__del__``, where a
-    signal's handler may land) is printed and dropped by the interpreter, so the child must
-    also learn it some other way (a flag its loops look at).  It must take no lock: a second
-    signal can interrupt the handler inside it (``threading.Event.set`` deadlocks there)."""
+    ``on_gone()`` runs first, on every such signal: an exception raised while a finalizer
+    runs (``__del__``, where a signal's handler may land) is printed and dropped by the
+    interpreter, so the child must also learn it some other way (a flag its loops look at);
+    and what must not wait for the unwinding (a decoder's ring unlinked) belongs there.  It
+    must take no lock: a second signal can interrupt the handler inside it
+    (``threading.Event.set`` deadlocks there).
+
+    :class:`ParentGone` is raised once: a parent that exits sends the parent-death signal
+    again each time the child is handed to another of its threads as they exit one by one
+    (``getppid()`` still names it), and a second exception would cut short, anywhere, the
+    cleanup the first one started."""
+    raised = False
 
     def handle(received: int, _frame: object) -> None:
+        nonlocal raised
         if os.getppid() != parent_pid or stopping():
             on_gone()
-            raise ParentGone(128 + received)
+            if not raised:
+                raised = True  # before the raise: a signal that interrupts it raises nothing
+                raise ParentGone(128 + received)
 
     signal.signal(signum, handle)

@@ -97,8 +97,9 @@ class ShmRing:
         self._written = 0
         self._map: mmap.mmap | None = None
         self._view: np.ndarray | None = None
-        fd = self._create()
+        fd = -1
         try:
+            fd = self._create()  # in the try: an exception just after the file exists unlinks it
             try:
                 # reserve the memory now: a full tmpfs is an error here, not a SIGBUS later
                 os.posix_fallocate(fd, 0, size)
@@ -119,7 +120,8 @@ class ShmRing:
             self.path.unlink(missing_ok=True)
             raise
         finally:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
 
     def _create(self) -> int:
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL

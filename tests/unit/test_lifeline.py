@@ -1,4 +1,5 @@
-"""A child that learns its parent is gone even when the exception saying so is dropped."""
+"""A child that learns its parent is gone even when the exception saying so is dropped, and
+a decoder whose daemon is gone leaves no shm ring, however many signals say so."""
 
 from __future__ import annotations
 
@@ -6,11 +7,16 @@ import gc
 import os
 import signal
 import threading
+from pathlib import Path
 
+import numpy as np
 import pytest
 
-from streams.decode_worker import AnyOf, ProcessFlag
+from streams import transport
+from streams.decode_worker import AnyOf, ProcessFlag, leave_when_gone
 from streams.lifeline import ParentGone, raise_parent_gone_on
+from streams.shm_ring import ShmRing, segment_name
+from streams.transport import ShmEncoder, TransportSpec
 
 
 @pytest.fixture
@@ -62,6 +68,91 @@ def test_a_signal_meant_for_the_whole_group_is_ignored(restore_sigusr1):
     for _ in range(1000):
         pass
     assert not gone.is_set()
+
+
+def signalled() -> None:
+    """Our own signal, and bytecodes for its handler to run among (it runs here)."""
+    os.kill(os.getpid(), signal.SIGUSR1)
+    for _ in range(1000):
+        pass
+
+
+def test_parent_gone_is_raised_once_so_a_later_signal_cannot_cut_the_cleanup(restore_sigusr1):
+    """A daemon that exits sends its decoders the parent-death signal again each time it hands
+    them to another of its threads as they exit: each raised ParentGone, and one that landed
+    in the cleanup the first had started cut it short before the ring was unlinked."""
+    calls = []
+    raise_parent_gone_on(
+        signal.SIGUSR1,
+        parent_pid=os.getppid(),
+        stopping=lambda: True,
+        on_gone=lambda: calls.append(1),
+    )
+    cleaned = False
+    with pytest.raises(ParentGone):
+        try:
+            signalled()
+        finally:
+            signalled()  # the next one, in the cleanup
+            cleaned = True
+    assert cleaned
+    assert len(calls) == 2  # each still says so: the flag is set, the ring unlinked
+
+
+def shm_encoder(directory: Path) -> ShmEncoder:
+    return ShmEncoder(
+        name=segment_name("t", "cam", os.getpid()),
+        slots=2,
+        host="test-host/boot",
+        directory=directory,
+    )
+
+
+def test_a_decoder_told_to_go_unlinks_its_ring_at_once(restore_sigusr1, tmp_path: Path):
+    """The handler unlinks the ring itself: the exception it raises may be dropped (a
+    finalizer), come before the encoder holds the ring, or its cleanup be cut short."""
+    gone, encoder = ProcessFlag(), shm_encoder(tmp_path)
+    encoder.encode(np.zeros((8, 8, 3), np.uint8))  # the first frame makes the ring
+    spec = TransportSpec(kind="shm", shm_dir=str(tmp_path))
+    raise_parent_gone_on(
+        signal.SIGUSR1,
+        parent_pid=os.getppid(),
+        stopping=lambda: True,
+        on_gone=leave_when_gone(gone, encoder, spec),
+    )
+    with pytest.raises(ParentGone):
+        signalled()
+    assert gone.is_set()
+    assert list(tmp_path.iterdir()) == []  # before any cleanup
+    encoder.close()  # legal still
+
+
+def test_a_decoder_told_to_go_as_its_ring_is_made_leaves_no_ring(
+    restore_sigusr1, tmp_path: Path, monkeypatch
+):
+    """The signal lands once the ring is made and before the encoder holds it: the encoder's
+    close has nothing to close, and the segment stayed, owned by nobody."""
+
+    def made_then_signalled(*args: object, **kwargs: object) -> ShmRing:
+        ring = ShmRing(*args, **kwargs)  # type: ignore[arg-type]
+        signalled()  # ParentGone from here: the ring never reaches the encoder
+        return ring
+
+    monkeypatch.setattr(transport, "ShmRing", made_then_signalled)
+    gone, encoder = ProcessFlag(), shm_encoder(tmp_path)
+    spec = TransportSpec(kind="shm", shm_dir=str(tmp_path))
+    raise_parent_gone_on(
+        signal.SIGUSR1,
+        parent_pid=os.getppid(),
+        stopping=lambda: True,
+        on_gone=leave_when_gone(gone, encoder, spec),
+    )
+    with pytest.raises(ParentGone):
+        try:
+            encoder.encode(np.zeros((8, 8, 3), np.uint8))
+        finally:
+            encoder.close()  # the decoder's cleanup
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(

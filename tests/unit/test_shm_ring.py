@@ -267,3 +267,18 @@ def test_a_ring_interrupted_while_it_is_created_leaves_no_name(tmp_path: Path, m
     with pytest.raises(_Interrupted):
         ring(tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_ring_interrupted_as_its_file_is_made_leaves_no_name(tmp_path: Path, monkeypatch):
+    """The signal lands as ``os.open`` returns, before the memory is reserved: the file
+    exists already and must go as well."""
+    create = ShmRing._create
+
+    def created_then_interrupted(self: ShmRing) -> int:
+        os.close(create(self))
+        raise _Interrupted
+
+    monkeypatch.setattr(ShmRing, "_create", created_then_interrupted)
+    with pytest.raises(_Interrupted):
+        ring(tmp_path)
+    assert list(tmp_path.iterdir()) == []
