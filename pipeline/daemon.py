@@ -41,6 +41,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from detectors.detector import Detector
+from pipeline.analytics.stage import AnalyticsSettings
 from pipeline.config import Config
 from pipeline.errors import BadInput
 from pipeline.leases.camera_leases import lease_probes
@@ -133,7 +134,7 @@ class Pipeline:
             stack.callback(decoders.close)
             pool = DetectorPool.sharded(
                 config,
-                _pool_resources(services, sink),
+                _pool_resources(services, sink, config),
                 stop=stop,
                 until_done=until_done,
                 detector_factory=detector_factory,
@@ -235,7 +236,7 @@ class Pipeline:
             sink = _open_sink(config, services, stack)
             pool = DetectorPool.leased(
                 config,
-                _pool_resources(services, sink),
+                _pool_resources(services, sink, config),
                 device=device,
                 worker_id=worker_id,
                 stop=stop,
@@ -333,13 +334,14 @@ def _open_sink(config: Config, services: Services, stack: ExitStack) -> Detectio
     return sink
 
 
-def _pool_resources(services: Services, sink: DetectionSink) -> PoolResources:
+def _pool_resources(services: Services, sink: DetectionSink, config: Config) -> PoolResources:
     return PoolResources(
         redis_client=services.client,
         keys=services.keys,
         accounting=services.accounting,
         telemetry=services.telemetry,
         sink=sink,
+        analytics=AnalyticsSettings((camera.id, camera.analytics) for camera in config.cameras),
     )
 
 

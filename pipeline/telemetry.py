@@ -13,6 +13,7 @@ by event); frames an earlier run left come as ``frames_dropped`` with cause ``pr
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +21,7 @@ import numpy as np
 from detectors.postprocess import ImageDetections
 from detectors.preprocess import LetterboxGeometry
 from streams.messages import Timestamps
+from streams.object_events import ObjectEvent
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,12 @@ class Telemetry:
         """A published frame's stage times (captured → enqueued → batched → inferred →
         published) and its letterboxed pixels with their detections (for a live view: keep a
         reference, never copy or encode here)."""
+
+    def objects_analysed(self, events: Sequence[ObjectEvent]) -> None:
+        """A batch's analytics events (tracks, zones, lines), in order."""
+
+    def zones_occupied(self, camera: str, occupancy: Mapping[str, Mapping[str, int]]) -> None:
+        """The tracks in each of the camera's zones now, by label (after a batch)."""
 
     def stage_failed(self, stage: str, error: BaseException) -> None:
         """A stage of a batch worker died; the run ends with exit code 3."""
@@ -96,6 +104,12 @@ class GuardedTelemetry(Telemetry):
 
     def frame_detected(self, camera: str, stamps: Timestamps, frame: DetectedFrame) -> None:
         self._forward("frame_detected", camera, stamps, frame)
+
+    def objects_analysed(self, events: Sequence[ObjectEvent]) -> None:
+        self._forward("objects_analysed", events)
+
+    def zones_occupied(self, camera: str, occupancy: Mapping[str, Mapping[str, int]]) -> None:
+        self._forward("zones_occupied", camera, occupancy)
 
     def stage_failed(self, stage: str, error: BaseException) -> None:
         self._forward("stage_failed", stage, error)

@@ -1,8 +1,10 @@
-"""Reading detections back: the Python API behind ``framebatch consume``.
+"""Reading detections and analytics events back: the Python API behind ``framebatch consume``.
 
 >>> consumer = DetectionConsumer(redis.Redis(), StreamKeys("fb"), from_start=True)
 >>> for message in consumer.messages(count=10):
 ...     print(message.camera, message.seq, len(message.detections))
+>>> for event in EventConsumer(redis.Redis(), StreamKeys("fb")).messages(count=10):
+...     print(event.camera, event.kind, event.track_id, event.region)
 """
 
 from __future__ import annotations
@@ -10,13 +12,16 @@ from __future__ import annotations
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import redis
 
 from streams.groups import ensure_group
 from streams.keys import StreamKeys
-from streams.messages import DetectionMessage
+from streams.messages import DetectionMessage, Fields
+from streams.object_events import ObjectEvent
 from streams.redis_cluster import GroupsMissing, read_streams
 from streams.redis_errors import is_nogroup
 
@@ -25,8 +30,34 @@ TRACKED_SESSIONS = 10_000  # decoder sessions remembered for de-duplication
 DISCOVER_EVERY_S = 1.0  # how often to look for cameras that appeared since (all-cameras mode)
 
 
+@dataclass(frozen=True)
+class StreamKind:
+    """A kind of per-camera stream a consumer reads: its keys, its messages, and where a
+    message stands in its decoder session (repeats stand no further on than the last)."""
+
+    stream: Callable[[StreamKeys, str], str]
+    pattern: Callable[[StreamKeys], str]
+    parse: Callable[[Fields], Any]
+    position: Callable[[Any], tuple[int, ...]]
+
+
+DETECTIONS = StreamKind(
+    StreamKeys.detections,
+    StreamKeys.detections_pattern,
+    DetectionMessage.from_fields,
+    lambda message: (message.seq,),
+)
+OBJECT_EVENTS = StreamKind(
+    StreamKeys.object_events,
+    StreamKeys.object_events_pattern,
+    ObjectEvent.from_fields,
+    lambda event: (event.seq, event.index),
+)
+
+
 class DetectionConsumer:
-    """Iterates detection messages of some or all cameras.
+    """Iterates detection messages of some or all cameras (:class:`EventConsumer`: their
+    analytics events, the same way).
 
     Without ``group`` it reads like ``XREAD`` (nothing is acknowledged; ``from_start`` replays
     what the streams still hold).  With ``group`` it joins a durable consumer group and
@@ -42,6 +73,8 @@ class DetectionConsumer:
     order, so a message whose ``seq`` is not above the last one of its session was delivered
     already.  ``duplicates`` counts what was skipped.
     """
+
+    kind = DETECTIONS
 
     def __init__(
         self,
@@ -65,19 +98,20 @@ class DetectionConsumer:
         self._positions: dict[str, str] = {}
         self._discovered_at: float | None = None
         self._dedupe = dedupe
-        # (camera, session) -> highest seq delivered, least recently seen first
-        self._last_seq: OrderedDict[tuple[str, str], int] = OrderedDict()
+        # (camera, session) -> furthest position delivered, least recently seen first
+        self._last_seq: OrderedDict[tuple[str, str], tuple[int, ...]] = OrderedDict()
         self.duplicates = 0
 
-    def _is_duplicate(self, message: DetectionMessage) -> bool:
+    def _is_duplicate(self, message: Any) -> bool:
         if not self._dedupe or not message.session:
             return False
         session = (message.camera, message.session)
         last = self._last_seq.get(session)
-        if last is not None and message.seq <= last:
+        position = self.kind.position(message)
+        if last is not None and position <= last:
             self.duplicates += 1
             return True
-        self._last_seq[session] = message.seq
+        self._last_seq[session] = position
         self._last_seq.move_to_end(session)
         if len(self._last_seq) > TRACKED_SESSIONS:
             self._last_seq.popitem(last=False)
@@ -86,11 +120,10 @@ class DetectionConsumer:
     def _discover(self, first: bool) -> None:
         """Add streams not yet followed (all cameras: found by SCAN, so late cameras join)."""
         if self._fixed_cameras:
-            keys = [self._keys.detections(c) for c in self._fixed_cameras]
+            keys = [self.kind.stream(self._keys, c) for c in self._fixed_cameras]
         else:
-            keys = [
-                k.decode() for k in self._redis.scan_iter(match=self._keys.detections_pattern())
-            ]
+            pattern = self.kind.pattern(self._keys)
+            keys = [k.decode() for k in self._redis.scan_iter(match=pattern)]
         for key in keys:
             if key in self._positions:
                 continue
@@ -108,7 +141,7 @@ class DetectionConsumer:
 
     def messages(
         self, *, count: int | None = None, timeout_s: float | None = None
-    ) -> Iterator[DetectionMessage]:
+    ) -> Iterator[Any]:
         """Messages as they arrive; stops after ``count`` or ``timeout_s`` without a new one."""
         delivered = 0
         last_activity = time.monotonic()
@@ -136,7 +169,7 @@ class DetectionConsumer:
                 for entry_id, fields in entries:
                     if self._group is None:
                         self._positions[key] = entry_id.decode()
-                    message = DetectionMessage.from_fields(fields)
+                    message = self.kind.parse(fields)
                     duplicate = self._is_duplicate(message)
                     if not duplicate:
                         yield message
@@ -169,3 +202,11 @@ class DetectionConsumer:
             self._positions.clear()
             self._discover(first=False)
             return []
+
+
+class EventConsumer(DetectionConsumer):
+    """Iterates analytics events (:class:`~streams.object_events.ObjectEvent`) of some or
+    all cameras.  Within a decoder session events come in (seq, index) order, so a repeat
+    (an event written again, with the same ``id``) is skipped as a detection's is."""
+
+    kind = OBJECT_EVENTS

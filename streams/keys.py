@@ -25,6 +25,10 @@ class StreamKeys:
         """Stream of letterboxed frames for one camera (bounded, ``MAXLEN ~``)."""
         return f"{self.prefix}:frames:{_tag(camera)}"
 
+    def camera_from_frames(self, key: str | bytes) -> str:
+        """Inverse of :meth:`frames`."""
+        return self._untag(key, "frames")
+
     def detections(self, camera: str) -> str:
         """Stream of detection messages for one camera, one entry per decoded frame."""
         return f"{self.prefix}:detections:{_tag(camera)}"
@@ -35,8 +39,7 @@ class StreamKeys:
 
     def camera_from_detections(self, key: str | bytes) -> str:
         """Inverse of :meth:`detections`."""
-        text = key.decode() if isinstance(key, bytes) else key
-        return text[len(self.prefix) + len(":detections:") :].removeprefix("{").removesuffix("}")
+        return self._untag(key, "detections")
 
     def ledger(self, camera: str) -> str:
         """Stream of what became of frames that have no detection message: drops by cause,
@@ -63,9 +66,32 @@ class StreamKeys:
         last seq, redis_down seen, ended): where the next worker to read it takes over."""
         return f"{self.prefix}:cursor:{_tag(camera)}"
 
+    def object_events(self, camera: str) -> str:
+        """Stream of the camera's analytics events (``streams.object_events.ObjectEvent``):
+        tracks starting and ending, zone entries and exits, line crossings, loitering."""
+        return f"{self.prefix}:events:{_tag(camera)}"
+
+    def object_events_pattern(self) -> str:
+        """SCAN pattern that matches every camera's analytics events stream."""
+        return f"{self.prefix}:events:{{*}}"
+
+    def camera_from_object_events(self, key: str | bytes) -> str:
+        """Inverse of :meth:`object_events`."""
+        return self._untag(key, "events")
+
+    def analytics_state(self, camera: str) -> str:
+        """The camera's tracker and zone state (``pipeline.analytics``), written with the
+        acknowledgement of the frames it has seen: where the next worker to read the camera
+        carries its tracks and counts on."""
+        return f"{self.prefix}:analytics:{_tag(camera)}"
+
     def events(self) -> str:
         """Stream of status events (camera opened, disconnected, failed, ended)."""
         return f"{self.prefix}:events"
+
+    def _untag(self, key: str | bytes, kind: str) -> str:
+        text = key.decode() if isinstance(key, bytes) else key
+        return text[len(f"{self.prefix}:{kind}:") :].removeprefix("{").removesuffix("}")
 
 
 def _tag(camera: str) -> str:

@@ -383,6 +383,9 @@ class Detection:
     score: float
     class_id: int
     label: str
+    #: the camera's tracker's id for this object (additive to schema 1: absent reads as None);
+    #: None where the camera tracks nothing, or its track is not confirmed yet
+    track_id: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -390,12 +393,20 @@ class Detection:
             "score": round(self.score, 5),
             "class_id": self.class_id,
             "label": self.label,
+            "track_id": self.track_id,
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Detection:
         x1, y1, x2, y2 = (float(v) for v in data["box"])
-        return cls((x1, y1, x2, y2), float(data["score"]), int(data["class_id"]), data["label"])
+        track_id = data.get("track_id")
+        return cls(
+            (x1, y1, x2, y2),
+            float(data["score"]),
+            int(data["class_id"]),
+            data["label"],
+            None if track_id is None else int(track_id),
+        )
 
 
 @dataclass(frozen=True)

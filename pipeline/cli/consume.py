@@ -1,4 +1,5 @@
-"""``framebatch consume``: detections as JSON lines, from Redis."""
+"""``framebatch consume``: detections (or, with ``--events``, analytics events) as JSON lines,
+from Redis."""
 
 from __future__ import annotations
 
@@ -19,7 +20,15 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 def register(commands: Any) -> None:
-    consume = commands.add_parser("consume", help="print detections as JSON lines")
+    consume = commands.add_parser(
+        "consume", help="print detections (or analytics events) as JSON lines"
+    )
+    consume.add_argument(
+        "--events",
+        action="store_true",
+        help="analytics events (track_start/end, zone_enter/exit, line_cross, loiter) "
+        "instead of detections",
+    )
     consume.add_argument(
         "--redis",
         metavar="URL",
@@ -58,7 +67,7 @@ def register(commands: Any) -> None:
         "--keep-duplicates",
         action="store_true",
         help="print a frame's detections again when a restart re-published them "
-        "(default: skip repeats of a frame_id)",
+        "(default: skip repeats of a frame_id, or of an event's id)",
     )
     consume.set_defaults(handler=cmd_consume)
 
@@ -101,7 +110,7 @@ def probe_redis(url: str, *, cluster: bool) -> None:
 def cmd_consume(args: argparse.Namespace) -> int:
     import redis
 
-    from streams.consumer import DetectionConsumer
+    from streams.consumer import DetectionConsumer, EventConsumer
     from streams.keys import StreamKeys
     from streams.redis_access import describe_redis_error
     from streams.redis_connect import connect
@@ -118,7 +127,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
     except redis.RedisError as exc:  # not reached at start: bad input, not an outage
         print(f"framebatch consume: {describe_redis_error(exc, url)}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    consumer = DetectionConsumer(
+    consumer = (EventConsumer if args.events else DetectionConsumer)(
         client,
         StreamKeys(args.prefix),
         cameras=args.camera or (),

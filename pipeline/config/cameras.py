@@ -8,6 +8,7 @@ from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
+from pipeline.config.analytics import AnalyticsConfig
 from pipeline.config.errors import clip, fail, fail_at
 from pipeline.config.fields import MODEL_CONFIG, Finite, key_part, resolve_path
 from streams.sources import MAX_FPS, MIN_FPS
@@ -51,6 +52,9 @@ class CameraConfig(BaseModel):
         None, gt=0, description="Freshness deadline from capture; later frames drop as stale"
     )
     keep_latest: bool = Field(False, description="Only the newest frame matters; older ones drop")
+    analytics: AnalyticsConfig | None = Field(
+        None, description="Filters, masks, tracking, zones and lines; unset: boxes as detected"
+    )
 
     @field_validator("id")
     @classmethod

@@ -43,6 +43,9 @@ class RedisConfig(BaseModel):
     prefix: str = Field("fb", description="Key prefix: <prefix>:frames:{<camera>}, ...")
     frames_maxlen: int = Field(64, ge=2, description="MAXLEN ~ of each frames stream")
     detections_maxlen: int = Field(100_000, ge=1, description="MAXLEN ~ of each detections stream")
+    events_maxlen: int = Field(
+        100_000, ge=1, description="MAXLEN ~ of each camera's analytics events stream"
+    )
     reconnect_timeout_s: Finite = Field(
         DEFAULT_RECONNECT_TIMEOUT_S,
         ge=0,

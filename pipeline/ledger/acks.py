@@ -8,6 +8,9 @@ MULTI/EXEC as, and after, its ledger entry.  A crash between the two repeats a m
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 import redis
 
 from streams.keys import FRAMES_GROUP, StreamKeys
@@ -25,6 +28,30 @@ if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 2))
 return 1
 """
+
+#: KEYS: lease, analytics state, frames stream; ARGV: the worker ('' without leases), the state,
+#: the frames group, then the frame ids.  A camera's analytics state goes with the
+#: acknowledgement of the frames it has seen, and neither goes through for a worker that lost
+#: the camera's lease: its frames stay pending, for the new owner to claim and analyse again
+#: from the state before them.  (pcall: a group gone with a Redis restart is no error.)
+FENCED_ANALYTICS_ACK = """
+if ARGV[1] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[2], ARGV[2])
+if #ARGV > 3 then
+  redis.pcall('XACK', KEYS[3], ARGV[3], unpack(ARGV, 4))
+  redis.pcall('XDEL', KEYS[3], unpack(ARGV, 4))
+end
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class AnalyticsWrite:
+    """A camera's analytics to write with the acknowledgement of its frames: events (wire
+    fields, in order) and the state after them."""
+
+    events: list[dict[str, str | int]]
+    state: bytes
 
 
 class FrameAcks:
@@ -101,12 +128,40 @@ class FrameAcks:
             self.ack_and_delete(tx, key, ids)
         self.execute(tx)
 
-    def acknowledge_frames(self, ids_by_stream: dict[str, list[bytes]]) -> None:
+    def acknowledge_frames(
+        self,
+        ids_by_stream: dict[str, list[bytes]],
+        analytics: Mapping[str, AnalyticsWrite] | None = None,
+        *,
+        events_maxlen: int = 100_000,
+    ) -> None:
         """A published batch's frames, of several streams, in one round trip (on a cluster,
-        one per node: what they acknowledge, the detections, is written already)."""
-        tx = self.transactions(atomic=False)
+        one per node: what they acknowledge, the detections, is written already).
+        ``analytics``: by camera, events and state, each camera's in one transaction with its
+        acknowledgement (fenced by its lease under leases)."""
+        analytics = analytics or {}
+        tx = self.transactions(atomic=bool(analytics))
         for key, ids in ids_by_stream.items():
-            self.ack_and_delete(tx, key, ids)
+            camera = self._keys.camera_from_frames(key)
+            write = analytics.get(camera)
+            if write is None:
+                self.ack_and_delete(tx, key, ids)
+                continue
+            events_key = self._keys.object_events(camera)
+            for fields in write.events:
+                tx.on(events_key).xadd(events_key, fields, maxlen=events_maxlen, approximate=True)
+            keys = [self._keys.lease(camera), self._keys.analytics_state(camera), key]
+            holder = self._lease_holder or ""
+            tx.on(key).execute_command(
+                "EVAL",
+                FENCED_ANALYTICS_ACK,
+                len(keys),
+                *keys,
+                holder,
+                write.state,
+                FRAMES_GROUP,
+                *ids,
+            )
         self.execute(tx)
 
     @staticmethod

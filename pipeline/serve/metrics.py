@@ -21,12 +21,19 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from pipeline.telemetry import DetectedFrame, Telemetry
 from streams.messages import Timestamps
+from streams.object_events import ObjectEvent
 
 log = logging.getLogger(__name__)
 disable_created_metrics()  # no *_created series: dashboards and alerts never use them
@@ -138,6 +145,21 @@ class PrometheusTelemetry(Telemetry):
             LATENCY_BUCKETS,
         )
 
+        # labels bounded by the config: ≤ 32 zones and 32 lines a camera, the model's classes
+        self._object_events = counter(
+            "framebatch_object_events",
+            "Analytics events: tracks started and ended, zone entries and exits, line "
+            "crossings (direction in or out), loitering; region is the zone or line",
+            ["camera", "kind", "region", "label", "direction"],
+        )
+        self._occupancy = Gauge(
+            "framebatch_zone_occupancy",
+            "Tracks in a zone now, by the label they entered with",
+            ["camera", "zone", "label"],
+            registry=registry,
+        )
+        self._occupied: dict[tuple[str, str], set[str]] = {}  # labels set, to zero when gone
+
     def configure(self, *, max_batch_size: int, instances: int) -> None:
         self._max_batch_size = max_batch_size
         self.utilization.instances = max(1, instances)
@@ -173,6 +195,19 @@ class PrometheusTelemetry(Telemetry):
 
     def stage_failed(self, stage: str, error: BaseException) -> None:
         self._stage_failures.labels(stage).inc()
+
+    def objects_analysed(self, events: Sequence[ObjectEvent]) -> None:
+        for e in events:
+            self._object_events.labels(e.camera, e.kind, e.region, e.label, e.direction).inc()
+
+    def zones_occupied(self, camera: str, occupancy: Mapping[str, Mapping[str, int]]) -> None:
+        for zone, by_label in occupancy.items():
+            seen = self._occupied.setdefault((camera, zone), set())
+            for label in seen - set(by_label):
+                self._occupancy.labels(camera, zone, label).set(0)
+            for label, count in by_label.items():
+                self._occupancy.labels(camera, zone, label).set(count)
+            seen.update(by_label)
 
 
 class PipelineState(Protocol):

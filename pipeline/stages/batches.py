@@ -29,6 +29,8 @@ class PreparedBatch:
     frames: list[Queued[PendingFrame]]
     tensor: Any
     batched: float  # wall-clock time the policy dispatched it
+    #: cameras whose first frames on this worker (since it took them) are in this batch
+    fresh: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,17 @@
-"""The publisher stage: post-processes each inferred batch (box decoding, NMS), writes one
-detection message per frame to the sinks, then acknowledges the frames — in that order, so a
-crash in between repeats a message (consumers de-duplicate by ``frame_id``), never loses one."""
+"""The publisher stage: post-processes each inferred batch (box decoding, NMS), runs each
+camera's analytics (tracks, zones, lines: :mod:`pipeline.analytics`) in the camera's frame order,
+writes one detection message per frame to the sinks, then acknowledges the frames with the
+analytics' events and state — in that order, so a crash in between repeats a message (consumers
+de-duplicate by ``frame_id``), never loses one, and analyses those frames again from the state
+before them."""
 
 from __future__ import annotations
 
 from detectors.detector import Detector
 from detectors.postprocess import ImageDetections
 from detectors.preprocess import LetterboxGeometry
+from pipeline.analytics.stage import FrameAnalyser
+from pipeline.ledger.acks import AnalyticsWrite
 from pipeline.stages.batches import InferredBatch
 from pipeline.stages.context import WorkerContext
 from pipeline.stages.lifecycle import Handoff
@@ -23,8 +28,13 @@ class Publisher:
         detector: Detector,
         inbox: Handoff[InferredBatch],
         sink: DetectionSink,
+        analyser: FrameAnalyser | None = None,
+        events_maxlen: int = 100_000,
     ):
+        """``analyser``: the cameras' analytics (None: no camera has any)."""
         self._detector = detector
+        self._analyser = analyser
+        self._events_maxlen = events_maxlen
         self._telemetry = context.telemetry
         self._inbox = inbox
         self._sink = sink
@@ -56,11 +66,28 @@ class Publisher:
             self._detection_message(batch, message, result, published)
             for message, result in zip(messages, results, strict=True)
         ]
-        self._sink.write(detections)
+        writes: dict[str, AnalyticsWrite] = {}
+        if self._analyser is not None:
+            analysed = self._analyser.analyse(detections, batch.prepared.fresh)
+            detections = analysed.messages
+            writes = {
+                camera: AnalyticsWrite([e.to_fields() for e in commit.events], commit.state)
+                for camera, commit in analysed.commits.items()
+            }
         by_stream: dict[str, list[bytes]] = {}
         for q in frames:
             by_stream.setdefault(self._keys.frames(q.camera), []).append(q.item.entry_id)
-        self._acks.acknowledge_frames(by_stream)
+        try:
+            self._sink.write(detections)
+            self._acks.acknowledge_frames(by_stream, writes, events_maxlen=self._events_maxlen)
+        except BaseException:
+            if self._analyser is not None:  # its next frames start from the state in Redis
+                self._analyser.forget(writes)
+            raise
+        if writes:
+            self._telemetry.objects_analysed(analysed.events)
+            for camera, occupancy in analysed.occupancy.items():
+                self._telemetry.zones_occupied(camera, occupancy)
         batched = batch.prepared.batched
         for q, geometry, result, message in zip(
             frames, geometries, results, detections, strict=True
@@ -81,8 +108,14 @@ class Publisher:
         published: float,
     ) -> DetectionMessage:
         label = self._detector.info.label
+        # rounded as the wire rounds them: analytics sees what every consumer reads
         detections = tuple(
-            Detection(tuple(float(v) for v in box), float(score), int(cls), label(int(cls)))
+            Detection(
+                tuple(round(float(v), 2) for v in box),
+                round(float(score), 5),
+                int(cls),
+                label(int(cls)),
+            )
             for box, score, cls in zip(result.boxes, result.scores, result.class_ids, strict=True)
         )
         return DetectionMessage(

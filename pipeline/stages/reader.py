@@ -82,6 +82,9 @@ class FrameReader:
         # Start with this consumer's own pending entries (left by a crash), then new ones.
         self._read_ids = {self._keys.frames(camera): "0" for camera in cameras}
         self._camera_of = {self._keys.frames(camera): camera for camera in cameras}
+        # cameras new to this reader since their last batch: the publisher reads their
+        # analytics state from Redis before their frames (another worker may have moved it on)
+        self._fresh = set(cameras)
 
     def claim_pending(self) -> int:
         """Take over the frames another consumer read and never acknowledged (a worker that
@@ -165,6 +168,7 @@ class FrameReader:
             assert change.rules is not None
             self._policy.queues.set_rules(camera, change.rules)
             if change.kind in ("add", "adopt") and key not in self._read_ids:
+                self._fresh.add(camera)
                 if camera not in self._cameras:
                     self._cameras.append(camera)
                 self._read_ids[key] = "0"  # own pending entries first, as at start
@@ -347,4 +351,8 @@ class FrameReader:
         for indices in by_shape.values():
             tensor = self._detector.prepare([images[i] for i in indices])
             frames_of_shape = [kept[i] for i in indices]
-            self._outbox.put(PreparedBatch(next(self._batch_ids), frames_of_shape, tensor, batched))
+            fresh = frozenset(q.camera for q in frames_of_shape) & self._fresh
+            self._fresh -= fresh
+            self._outbox.put(
+                PreparedBatch(next(self._batch_ids), frames_of_shape, tensor, batched, fresh)
+            )

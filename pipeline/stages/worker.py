@@ -18,6 +18,8 @@ import threading
 from collections.abc import Callable
 
 from detectors.detector import Detector
+from pipeline.analytics.stage import AnalyticsSettings, FrameAnalyser
+from pipeline.analytics.store import AnalyticsStore
 from pipeline.batching import BatchPolicy
 from pipeline.errors import StageFailed
 from pipeline.stages.batches import InferredBatch, PendingFrame, PreparedBatch
@@ -51,13 +53,17 @@ class BatchWorker:
         frame_decoder: FrameDecoder | None = None,
         changes: CameraChanges | None = None,
         may_read: Callable[[], bool] | None = None,
+        analytics: AnalyticsSettings | None = None,
+        events_maxlen: int = 100_000,
     ):
         """``since_ms``: Redis time at which this run began; older entries are an earlier run's.
         ``frame_decoder``: reads pixels of every transport; the worker closes it when it ends.
         ``sink``: where detection messages go (the caller opens and closes it).  ``changes``:
         cameras added, re-prioritised or let go while running (from any thread).
         ``may_read``: the camera leases' gate (``framebatch detect``): cameras move between
-        workers, each camera's position is kept in Redis, and reads wait while it is false."""
+        workers, each camera's position is kept in Redis, and reads wait while it is false.
+        ``analytics``: each camera's analytics settings (None: no camera has any);
+        ``events_maxlen``: the length each camera's events stream is capped at."""
         if may_read is not None and context.acks.lease_holder != context.consumer:
             raise ValueError(
                 "a worker under camera leases writes positions fenced by its consumer name: "
@@ -73,10 +79,24 @@ class BatchWorker:
         self._frames = frame_decoder or FrameDecoder()
         self.changes = changes or CameraChanges()
         self._may_read = may_read
+        self._analytics = analytics
+        self._events_maxlen = events_maxlen
 
     @property
     def instances(self) -> int:
         return self._detector.instances
+
+    def analyser(self) -> FrameAnalyser | None:
+        """The publisher's analytics step (None when no camera has analytics)."""
+        if self._analytics is None:
+            return None
+        info = self._detector.info
+        return FrameAnalyser(
+            settings=self._analytics,
+            store=AnalyticsStore(self._context.redis, self._context.keys),
+            label=info.label,
+            classes=len(info.class_names),
+        )
 
     @property
     def cameras(self) -> list[str]:
@@ -117,7 +137,14 @@ class BatchWorker:
         inferer = Inferer(
             context, detector=self._detector, inbox=prepared, outbox=inferred, meter=meter
         )
-        publisher = Publisher(context, detector=self._detector, inbox=inferred, sink=self._sink)
+        publisher = Publisher(
+            context,
+            detector=self._detector,
+            inbox=inferred,
+            sink=self._sink,
+            analyser=self.analyser(),
+            events_maxlen=self._events_maxlen,
+        )
         try:
             try:
                 reader.claim_pending()

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from pipeline.batching import CameraRules
 from pipeline.config import MAX_CAMERAS_PER_DAEMON, CameraConfig, Config
 from pipeline.config.errors import ConfigError, format_validation_errors
+from pipeline.errors import BadInput
 from pipeline.ledger.accounting import Accounting
 from pipeline.ledger.earlier_runs import drain
 from pipeline.serve.control import CameraConflict, CameraNotFound, CameraStates, CameraView
@@ -102,6 +103,10 @@ class LiveCameras(Part):
         maxlen = self._config.redis.frames_maxlen
         if camera.max_backlog is not None and camera.max_backlog > maxlen:
             raise ConfigError([f"max_backlog: must be <= redis.frames_maxlen ({maxlen})"], "camera")
+        try:  # a class the model lacks: refused before anything starts
+            self._pool.check_analytics(camera.id, camera.analytics)
+        except BadInput as exc:
+            raise ConfigError([str(exc)], "camera") from None
         if not known:  # what an earlier run left in its stream, as at start
             drain(
                 self._redis, self._keys, [camera.id], accounting=self._accounting, acks=self._acks
@@ -112,6 +117,7 @@ class LiveCameras(Part):
         self._metrics.add_camera(camera.id)
         self._accounting.track(camera.id)
         self._decoders.add(camera)
+        self._pool.set_analytics(camera.id, camera.analytics)
         self._pool.assign(camera.id, self._rules(camera))
         log.info("camera %s added (%s)", camera.id, redact_url(camera.url))
         return self._control.camera(camera.id)

@@ -27,8 +27,10 @@ from dataclasses import dataclass
 import redis
 
 from detectors.detector import Detector
+from pipeline.analytics.stage import AnalyticsSettings
 from pipeline.batching import CameraRules
 from pipeline.config import Config
+from pipeline.config.analytics import AnalyticsConfig
 from pipeline.errors import BadInput
 from pipeline.leases.camera_leases import CameraLeases, worker_alive
 from pipeline.leases.keeper import LeaseKeeper
@@ -81,6 +83,7 @@ class PoolResources:
     accounting: Accounting
     telemetry: Telemetry
     sink: DetectionSink
+    analytics: AnalyticsSettings  # each camera's, shared with the camera API
 
 
 class DetectorPool(Part):
@@ -185,6 +188,9 @@ class DetectorPool(Part):
                 self._keeper = self._lease_keeper(context, changes)
             self._workers.append(self._worker(plan, context, changes, detector, since_ms))
             self._label = detector.info.label
+        settings = self._resources.analytics
+        for camera in settings.cameras():  # a class the model lacks is bad input, found now
+            self.check_analytics(camera, settings.get(camera))
 
     def start(self) -> None:
         for plan, worker in zip(self._plans, self._workers, strict=True):
@@ -257,6 +263,18 @@ class DetectorPool(Part):
     def set_rules(self, camera: str, rules: CameraRules) -> None:
         self._owner[camera].changes.set_rules(camera, rules)
 
+    def check_analytics(self, camera: str, config: AnalyticsConfig | None) -> None:
+        """Raises :class:`BadInput` for analytics settings the loaded model cannot follow."""
+        analyser = self._workers[0].analyser() if self._workers else None
+        if analyser is not None and config is not None:
+            analyser.check(camera, config)
+
+    def set_analytics(self, camera: str, config: AnalyticsConfig | None) -> None:
+        """A camera's analytics settings changed (its worker picks them up with its next
+        frame, carrying its tracks and counts on)."""
+        self.check_analytics(camera, config)
+        self._resources.analytics.set(camera, config)
+
     def draining(self, camera: str) -> None:
         """A camera being removed: read until drained, no longer a worker's load."""
         self._active.discard(camera)
@@ -311,6 +329,8 @@ class DetectorPool(Part):
             frame_decoder=FrameDecoder(host=host_id()),
             changes=changes,
             may_read=self._keeper.may_read if self._keeper is not None else None,
+            analytics=self._resources.analytics,
+            events_maxlen=config.redis.events_maxlen,
         )
         self._owner.update(dict.fromkeys(plan.cameras, worker))
         return worker

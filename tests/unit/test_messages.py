@@ -174,7 +174,15 @@ def test_detection_json_rounds_box_and_score() -> None:
         "score": 0.12346,
         "class_id": 3,
         "label": "motorcycle",
+        "track_id": None,
     }
+
+
+def test_a_track_id_round_trips_and_its_absence_reads_as_none() -> None:
+    tracked = Detection((1.0, 2.0, 3.0, 4.0), 0.5, 2, "car", track_id=17)
+    assert Detection.from_json(tracked.to_json()) == tracked
+    written_before = {"box": [1, 2, 3, 4], "score": 0.5, "class_id": 2, "label": "car"}
+    assert Detection.from_json(written_before).track_id is None
 
 
 def test_latency_is_published_minus_captured() -> None:
@@ -207,13 +215,14 @@ def test_detection_to_json_has_the_wire_contract_keys(pts: float | None) -> None
     assert line["timestamps"]["published"] == 1_700_000_000.2612345
     assert len(line["detections"]) == 2
     for detection in line["detections"]:
-        assert set(detection) == {"box", "score", "class_id", "label"}
+        assert set(detection) == {"box", "score", "class_id", "label", "track_id"}
         assert len(detection["box"]) == 4
     assert line["detections"][0] == {
         "box": [10.5, 20.25, 110.0, 220.75],
         "score": 0.91234,
         "class_id": 0,
         "label": "person",
+        "track_id": None,
     }
 
 

@@ -1,0 +1,152 @@
+"""The publisher's analytics step for one batch worker: each frame's detections through its
+camera's :class:`~pipeline.analytics.camera.CameraAnalytics`, and what to write for them."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from pipeline.analytics.store import AnalyticsStore, dump_state
+from pipeline.config.analytics import AnalyticsConfig
+from pipeline.errors import BadInput
+from streams.messages import DetectionMessage
+from streams.object_events import ObjectEvent
+
+if TYPE_CHECKING:  # supervision and trackers load with the first camera that has analytics
+    from pipeline.analytics.camera import CameraAnalytics
+
+log = logging.getLogger(__name__)
+
+
+class AnalyticsSettings:
+    """Each camera's analytics settings, changed live by the camera API (any thread)."""
+
+    def __init__(self, settings: Iterable[tuple[str, AnalyticsConfig | None]] = ()):
+        self._lock = threading.Lock()
+        self._settings = {camera: config for camera, config in settings if config is not None}
+
+    def get(self, camera: str) -> AnalyticsConfig | None:
+        return self._settings.get(camera)  # a dict read is atomic; writers replace entries
+
+    def set(self, camera: str, config: AnalyticsConfig | None) -> None:
+        with self._lock:
+            if config is None:
+                self._settings.pop(camera, None)
+            else:
+                self._settings[camera] = config
+
+    def cameras(self) -> list[str]:
+        with self._lock:
+            return list(self._settings)
+
+
+@dataclass(frozen=True)
+class AnalyticsCommit:
+    """What a batch leaves of one camera's analytics: its events and its state after them,
+    written with the acknowledgement of its frames."""
+
+    events: tuple[ObjectEvent, ...]
+    state: bytes
+
+
+@dataclass(frozen=True)
+class AnalysedBatch:
+    messages: list[DetectionMessage]  # in the batch's order, with track ids, filtered
+    commits: dict[str, AnalyticsCommit] = field(default_factory=dict)
+    #: by camera with zones: the tracks in each zone after the batch, by label
+    occupancy: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
+
+    @property
+    def events(self) -> list[ObjectEvent]:
+        return [event for commit in self.commits.values() for event in commit.events]
+
+
+class FrameAnalyser:
+    """Owned by one publisher thread."""
+
+    def __init__(
+        self,
+        *,
+        settings: AnalyticsSettings,
+        store: AnalyticsStore,
+        label: Callable[[int], str],
+        classes: int,
+    ):
+        self._settings = settings
+        self._store = store
+        self._label = label
+        self._classes = classes
+        self._cameras: dict[str, CameraAnalytics] = {}
+        self._configs: dict[str, AnalyticsConfig] = {}
+        self._failed: set[str] = set()  # cameras whose regions do not fit their frames
+
+    def check(self, camera: str, config: AnalyticsConfig) -> None:
+        """Raises :class:`BadInput` for settings this model cannot follow (a class it lacks)."""
+        from pipeline.analytics.camera import CameraAnalytics
+
+        CameraAnalytics(camera, config, label=self._label, classes=self._classes)
+
+    def analyse(
+        self, messages: Sequence[DetectionMessage], fresh: Iterable[str] = ()
+    ) -> AnalysedBatch:
+        """``fresh``: cameras that came to this worker since their last frame here: their
+        state is read from Redis (another worker may have carried it on meanwhile)."""
+        for camera in fresh:
+            self._cameras.pop(camera, None)
+        analysed: list[DetectionMessage] = []
+        events: dict[str, list[ObjectEvent]] = {}
+        for message in messages:
+            analytics = self._camera(message.camera)
+            if analytics is None:
+                analysed.append(message)
+                continue
+            try:
+                frame = analytics.analyse(message)
+            except BadInput as exc:  # a region outside the camera's frames
+                log.error("camera %s: analytics off: %s", message.camera, exc)
+                self._failed.add(message.camera)
+                self._cameras.pop(message.camera, None)
+                analysed.append(message)
+                continue
+            analysed.append(frame.message)
+            events.setdefault(message.camera, []).extend(frame.events)
+        commits = {
+            camera: AnalyticsCommit(tuple(camera_events), dump_state(self._cameras[camera].state))
+            for camera, camera_events in events.items()
+            if camera in self._cameras
+        }
+        occupancy = {
+            camera: self._cameras[camera].occupancy()
+            for camera in commits
+            if self._settings.get(camera) is not None and self._configs[camera].zones
+        }
+        return AnalysedBatch(analysed, commits, occupancy)
+
+    def forget(self, cameras: Iterable[str]) -> None:
+        """Drop what is held of these cameras (a batch that was not written): their next
+        frames start from the state in Redis."""
+        for camera in cameras:
+            self._cameras.pop(camera, None)
+
+    def _camera(self, camera: str) -> CameraAnalytics | None:
+        config = self._settings.get(camera)
+        if config is None or (camera in self._failed and self._configs.get(camera) is config):
+            self._cameras.pop(camera, None)
+            return None
+        self._failed.discard(camera)
+        current = self._cameras.get(camera)
+        if current is not None and self._configs[camera] is config:
+            return current
+        # new here, or its settings changed: carry the state on (zones kept by name)
+        from pipeline.analytics.camera import CameraAnalytics
+
+        state = current.state if current is not None else self._store.load(camera)
+        analytics = CameraAnalytics(
+            camera, config, label=self._label, classes=self._classes, state=state
+        )
+        self._cameras[camera] = analytics
+        self._configs[camera] = config
+        return analytics

@@ -1,0 +1,59 @@
+"""Analytics events on the wire: fields and JSON lines round-trip, ids are the frame's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from streams.object_events import ObjectEvent
+
+
+def event(**changes) -> ObjectEvent:
+    values = dict(
+        kind="line_cross",
+        camera="gate-1",
+        session="ab12",
+        seq=41,
+        index=2,
+        pts=1.4,
+        time=1_700_000_000.25,
+        track_id=7,
+        class_id=2,
+        label="car",
+        score=0.875,
+        box=(10.0, 20.5, 110.25, 220.0),
+        region="north",
+        direction="in",
+        dwell_s=None,
+    )
+    return ObjectEvent(**{**values, **changes})
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"pts": None},
+        {"kind": "zone_exit", "direction": "", "dwell_s": 3.5},
+        {"kind": "track_start", "region": ""},
+    ],
+)
+def test_an_event_round_trips(changes):
+    original = event(**changes)
+    stored = {k.encode(): str(v).encode() for k, v in original.to_fields().items()}
+    assert ObjectEvent.from_fields(stored) == original
+    line = json.loads(json.dumps(original.to_json()))
+    assert ObjectEvent.from_json(line) == original
+
+
+def test_the_id_is_the_frame_and_the_place_among_its_events():
+    assert event().id == "ab12:41:2"
+    assert event().to_json()["frame_id"] == "ab12:41"
+
+
+def test_an_unknown_kind_is_refused():
+    stored = {k.encode(): str(v).encode() for k, v in event().to_fields().items()}
+    stored[b"kind"] = b"teleported"
+    with pytest.raises(ValueError, match="unknown event kind"):
+        ObjectEvent.from_fields(stored)
