@@ -17,7 +17,7 @@ QUICK_WALL_S = 12
 
 def register(commands: Any) -> None:
     """Every tooling command, in the order ``framebatch --help`` lists them."""
-    for add in (_bench, _bench_transport, _bench_gpu, _simulate, _chaos):
+    for add in (_bench, _bench_transport, _bench_gpu, _bench_analytics, _simulate, _chaos):
         add(commands)
 
 
@@ -227,3 +227,37 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     from framebatch_tools.chaos.faults import main as chaos
 
     return chaos(args)
+
+
+def _bench_analytics(commands: Any) -> None:
+    bench = commands.add_parser(
+        "bench-analytics",
+        help="measure a camera's analytics (tracker, line, zone, state) per frame",
+    )
+    bench.add_argument(
+        "--objects",
+        default="0,10,50",
+        metavar="N,N,...",
+        help="objects in view (default: %(default)s)",
+    )
+    bench.add_argument(
+        "--frames", type=int, default=330, metavar="N", help="frames a run (default: %(default)s)"
+    )
+    bench.add_argument(
+        "--repeats", type=int, default=5, metavar="N", help="runs (default: %(default)s)"
+    )
+    bench.add_argument("--output", metavar="PATH", help="write the figures as JSON here")
+    bench.set_defaults(handler=_run_bench_analytics)
+
+
+def _run_bench_analytics(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from framebatch_tools.bench.analytics import run
+
+    return run(
+        objects=[int(n) for n in args.objects.split(",")],
+        frames=args.frames,
+        repeats=args.repeats,
+        output=Path(args.output) if args.output else None,
+    )
