@@ -156,7 +156,8 @@ def test_wire_contract_fields(replay):
     )
     assert line["pts"] == pytest.approx(100 / 29.97, abs=0.01)
     assert line["frame_id"] == f"{line['session']}:100"
-    assert set(line["detections"][0]) == {"box", "score", "class_id", "label"}
+    assert set(line["detections"][0]) == {"box", "score", "class_id", "label", "track_id"}
+    assert line["detections"][0]["track_id"] is None  # tracking is off by default
 
 
 def test_summary_reports_the_run(replay):

@@ -57,7 +57,28 @@ class Stats(BaseModel):
 def camera_schema() -> dict[str, Any]:
     """A config's camera as JSON Schema, with the id's form (checked by a validator, so absent
     from the model's own schema) spelt out for clients."""
-    schema = CameraConfig.model_json_schema()
+    schema = inline_definitions(CameraConfig.model_json_schema())
     schema["properties"]["id"].update(minLength=1, maxLength=64, pattern=CAMERA_ID_PATTERN)
     schema["properties"]["url"].update(minLength=1)
     return schema
+
+
+def inline_definitions(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with each ``$ref`` to its own ``$defs`` replaced by the definition: a request
+    body's schema sits inside the OpenAPI document, where ``#/$defs/...`` points at nothing
+    (clients and schemathesis could not resolve the camera's ``analytics``). The config models
+    are not recursive, so the result is finite."""
+    definitions = schema.pop("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                siblings = {key: resolve(value) for key, value in node.items() if key != "$ref"}
+                return {**resolve(definitions[ref.removeprefix("#/$defs/")]), **siblings}
+            return {key: resolve(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [resolve(item) for item in node]
+        return node
+
+    return resolve(schema)
