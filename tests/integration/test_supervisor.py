@@ -166,8 +166,13 @@ def test_a_graceful_stop_reads_how_each_camera_ended(
         tmp_path / "graceful.yaml",
         model=MODEL,
         cameras=[
-            {"id": "paced", "url": str(SAMPLE_CLIPS / "bars_320x240_5fps.mp4"),
-             "realtime": True, "loop": True, "fps": 10},
+            {
+                "id": "paced",
+                "url": str(SAMPLE_CLIPS / "bars_320x240_5fps.mp4"),
+                "realtime": True,
+                "loop": True,
+                "fps": 10,
+            },
             {"id": "live", "url": rtsp_url},
         ],  # fmt: skip
         redis_url=redis_url,
