@@ -45,6 +45,10 @@ class ObjectEvent:
     region: str = ""  # the zone's or line's name
     direction: str = ""  # line_cross: "in" or "out"
     dwell_s: float | None = None  # zone_exit, loiter: time in the zone; track_end: track's age
+    #: line_cross: the line's crossings that way of this class so far (this one included);
+    #: zone_enter, zone_exit: tracks of this class in the zone after it. Outputs publish counts
+    #: from it, so a count topic is right after any restart without state of its own.
+    count: int | None = None
     schema: int = SCHEMA_VERSION
 
     @property
@@ -75,6 +79,7 @@ class ObjectEvent:
             "region": self.region,
             "direction": self.direction,
             "dwell_s": "" if self.dwell_s is None else repr(self.dwell_s),
+            "count": "" if self.count is None else self.count,
         }
 
     @classmethod
@@ -109,6 +114,7 @@ class ObjectEvent:
             region=text("region"),
             direction=text("direction"),
             dwell_s=optional("dwell_s"),
+            count=int(text("count")) if text("count") else None,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -129,6 +135,7 @@ class ObjectEvent:
             "region": self.region or None,
             "direction": self.direction or None,
             "dwell_s": None if self.dwell_s is None else round(self.dwell_s, 3),
+            "count": self.count,
         }
 
     @classmethod
@@ -151,4 +158,5 @@ class ObjectEvent:
             region=data.get("region") or "",
             direction=data.get("direction") or "",
             dwell_s=data.get("dwell_s"),
+            count=data.get("count"),
         )

@@ -82,40 +82,44 @@ class CameraAnalytics:
         }
 
     def analyse(self, message: DetectionMessage) -> FrameAnalytics:
-        """The frame's kept detections with their track ids, and its events."""
+        """The frame's kept detections with their track ids, and its events.  Raises
+        :class:`BadInput` (regions that do not fit the frame) before changing the state."""
         state = self.state
         now = message.pts if message.pts is not None else message.timestamps.captured
+        geometry = self._geometry_for(message)
+        detections = _as_detections(message.detections)
+        kept = self._filter.keep(detections, geometry.masks if geometry else ())
+        detections = detections[kept]
+        originals = [d for d, k in zip(message.detections, kept, strict=True) if k]
+        filtered = replace(message, detections=tuple(originals))
         if message.session == state.session and message.seq <= state.last_seq:
             # analysed already (its state was written with its acknowledgement): cannot happen
             # while frames are acknowledged once; say so rather than count it twice
             log.warning(
                 "camera %s: frame %s analysed before; no events", self.camera, message.frame_id
             )
-            return FrameAnalytics(message, ())
+            return FrameAnalytics(filtered, ())
         events = _Events(message, self._label)
         restart = message.session != state.session or (
             state.last_time is not None and now < state.last_time
         )
-        if restart and state.session:
-            # a new decoder session (its pts are not comparable with the last one's) or a
-            # stream whose time went back: every track ends, its zones with it, ids go on
-            self._end_tracks(list(self._known_tracks()), state.last_time or now, events)
+        settings_changed = self._tracker is not None and self._tracker.settings_changed
+        if (restart and state.session) or settings_changed:
+            # a new decoder session (its pts are not comparable with the last one's), a stream
+            # whose time went back, or new tracker settings: every track ends, its zones with
+            # it, ids go on
+            self._end_tracks(list(self._known_tracks()), events)
             if self._tracker is not None:
                 self._tracker.restart()
         state.session, state.last_seq, state.last_time = message.session, message.seq, now
-        geometry = self._geometry_for(message)
-        detections = _as_detections(message.detections)
-        kept = self._filter.keep(detections, geometry.masks if geometry else ())
-        detections = detections[kept]
-        originals = [d for d, k in zip(message.detections, kept, strict=True) if k]
         if self._tracker is None:
-            return FrameAnalytics(replace(message, detections=tuple(originals)), ())
+            return FrameAnalytics(filtered, ())
         track_ids, ended = self._tracker.update(detections, now)
         self._note_tracks(detections, track_ids, now, events)
         confirmed = track_ids >= 0
         if geometry is not None:  # with no track in sight too: lines forget the absent
             self._count(detections[confirmed], track_ids[confirmed], now, events)
-        self._end_tracks(ended, now, events)
+        self._end_tracks(ended, events)
         published = tuple(
             replace(d, track_id=int(t) if t >= 0 else None)
             for d, t in zip(originals, track_ids, strict=True)
@@ -182,7 +186,9 @@ class CameraAnalytics:
                 ids, cls = track_ids, classes
                 points = anchors(detections, self._config.lines[name].anchor)
             for index, direction in counter.update(ids, cls, points):
-                events.add("line_cross", int(ids[index]), tracks[int(ids[index])], name, direction)
+                count = counter.state.counts[(direction, int(cls[index]))]
+                info = tracks[int(ids[index])]
+                events.add("line_cross", int(ids[index]), info, name, direction, count=count)
         for name, counter in self._zones.items():
             chosen = _of_classes(classes, self._zone_classes[name])
             ids, cls, chosen_detections = track_ids[chosen], classes[chosen], detections[chosen]
@@ -192,16 +198,20 @@ class CameraAnalytics:
                 else np.zeros(0, dtype=bool)
             )
             for kind, _index, track, dwell in counter.update(ids, cls, inside, now):
-                events.add(kind, track, tracks[track], name, dwell_s=dwell)  # type: ignore[arg-type]
+                count = _zone_count(counter, kind, tracks[track].class_id)
+                events.add(kind, track, tracks[track], name, dwell_s=dwell, count=count)  # type: ignore[arg-type]
 
-    def _end_tracks(self, ended: list[int], now: float, events: _Events) -> None:
+    def _end_tracks(self, ended: list[int], events: _Events) -> None:
+        """Tracks the tracker gave up on (or all, at a restart): they leave their zones when
+        they were last seen, not when the tracker stopped waiting for them."""
         tracks = self._known_tracks()
         for track in ended:
             info = tracks.pop(track)
             for name, counter in self._zones.items():
-                change = counter.end_track(track, now)
+                change = counter.end_track(track, info.seen)
                 if change is not None:
-                    events.add("zone_exit", track, info, name, dwell_s=change[3])
+                    count = _zone_count(counter, "zone_exit", info.class_id)
+                    events.add("zone_exit", track, info, name, dwell_s=change[3], count=count)
             events.add("track_end", track, info, dwell_s=info.seen - info.started)
 
 
@@ -222,6 +232,7 @@ class _Events:
         direction: str = "",
         *,
         dwell_s: float | None = None,
+        count: int | None = None,
     ) -> None:
         message = self._message
         self.events.append(
@@ -241,8 +252,16 @@ class _Events:
                 region=region,
                 direction=direction,
                 dwell_s=dwell_s,
+                count=count,
             )
         )
+
+
+def _zone_count(counter: ZoneCounter, kind: str, class_id: int) -> int | None:
+    """Tracks of ``class_id`` in the zone now, for its entries and exits."""
+    if kind not in ("zone_enter", "zone_exit"):
+        return None
+    return counter.state.occupancy()[class_id]
 
 
 def _as_detections(detections: tuple[Detection, ...]) -> sv.Detections:

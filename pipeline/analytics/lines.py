@@ -46,6 +46,9 @@ class LineCounter:
         self._end = np.array(end, dtype=float)
         self._history_length = max(2, min_crossing_frames + 1)
         self.state = state or LineState()
+        for track, history in self.state.history.items():  # min_crossing_frames changed
+            if history.maxlen != self._history_length:
+                self.state.history[track] = deque(history, maxlen=self._history_length)
 
     def update(
         self, track_ids: np.ndarray, class_ids: np.ndarray, points: np.ndarray

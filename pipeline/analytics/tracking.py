@@ -47,6 +47,7 @@ class TrackInfo:
 @dataclass
 class TrackerState:
     tracker: ByteTrackTracker
+    config: TrackerConfig  # the settings ``tracker`` was made with
     id_base: int = 0
     next_local_id: int = 0  # past the largest id the tracker has given
     tracks: dict[int, TrackInfo] = field(default_factory=dict)  # confirmed and alive
@@ -55,7 +56,13 @@ class TrackerState:
 class CameraTracker:
     def __init__(self, config: TrackerConfig, state: TrackerState | None = None):
         self._config = config
-        self.state = state or TrackerState(bytetrack(config))
+        self.state = state or TrackerState(bytetrack(config), config)
+
+    @property
+    def settings_changed(self) -> bool:
+        """The state's tracker was made with other settings (changed live, or in the config
+        of a restarted daemon): it starts over at the next frame, its tracks ended."""
+        return self.state.config != self._config
 
     def update(self, detections: sv.Detections, now: float) -> tuple[np.ndarray, list[int]]:
         """Track ids for ``detections`` (in their order; -1 where the track is not confirmed)
@@ -81,4 +88,5 @@ class CameraTracker:
         state.id_base += state.next_local_id
         state.next_local_id = 0
         state.tracker = bytetrack(self._config)
+        state.config = self._config
         state.tracks.clear()

@@ -29,17 +29,25 @@ redis.call('HSET', KEYS[1], unpack(ARGV, 2))
 return 1
 """
 
-#: KEYS: lease, analytics state, frames stream; ARGV: the worker ('' without leases), the state,
-#: the frames group, then the frame ids.  A camera's analytics state goes with the
-#: acknowledgement of the frames it has seen, and neither goes through for a worker that lost
-#: the camera's lease: its frames stay pending, for the new owner to claim and analyse again
-#: from the state before them.  (pcall: a group gone with a Redis restart is no error.)
+#: KEYS: lease, analytics state, frames stream, events stream; ARGV: the worker ('' without
+#: leases), the state, the frames group, the events' MAXLEN ~, the number of events, each event
+#: as its field count then its fields and values, then the frame ids.  A camera's events and
+#: analytics state go with the acknowledgement of the frames they come from, and none of them
+#: goes through for a worker that lost the camera's lease: its frames stay pending, for the new
+#: owner to claim and analyse again from the state before them (the reply is then the state's
+#: key).  (pcall: a group gone with a Redis restart is no error.)
 FENCED_ANALYTICS_ACK = """
-if ARGV[1] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[1] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[1] then return KEYS[2] end
 redis.call('SET', KEYS[2], ARGV[2])
-if #ARGV > 3 then
-  redis.pcall('XACK', KEYS[3], ARGV[3], unpack(ARGV, 4))
-  redis.pcall('XDEL', KEYS[3], unpack(ARGV, 4))
+local at = 6
+for _ = 1, tonumber(ARGV[5]) do
+  local n = tonumber(ARGV[at])
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*', unpack(ARGV, at + 1, at + n))
+  at = at + n + 1
+end
+if #ARGV >= at then
+  redis.pcall('XACK', KEYS[3], ARGV[3], unpack(ARGV, at))
+  redis.pcall('XDEL', KEYS[3], unpack(ARGV, at))
 end
 return 1
 """
@@ -134,41 +142,55 @@ class FrameAcks:
         analytics: Mapping[str, AnalyticsWrite] | None = None,
         *,
         events_maxlen: int = 100_000,
-    ) -> None:
+    ) -> set[str]:
         """A published batch's frames, of several streams, in one round trip (on a cluster,
         one per node: what they acknowledge, the detections, is written already).
-        ``analytics``: by camera, events and state, each camera's in one transaction with its
-        acknowledgement (fenced by its lease under leases)."""
+        ``analytics``: by camera, events and state, each camera's in one fenced script with its
+        acknowledgement.  Returns the cameras whose analytics were refused: this worker no
+        longer holds their leases (their frames stay pending for the new owner)."""
         analytics = analytics or {}
         tx = self.transactions(atomic=bool(analytics))
+        state_keys: dict[bytes, str] = {}
         for key, ids in ids_by_stream.items():
             camera = self._keys.camera_from_frames(key)
             write = analytics.get(camera)
             if write is None:
                 self.ack_and_delete(tx, key, ids)
                 continue
-            events_key = self._keys.object_events(camera)
+            events: list[str | int | bytes] = []
             for fields in write.events:
-                tx.on(events_key).xadd(events_key, fields, maxlen=events_maxlen, approximate=True)
-            keys = [self._keys.lease(camera), self._keys.analytics_state(camera), key]
-            holder = self._lease_holder or ""
+                events.append(2 * len(fields))
+                events += [item for pair in fields.items() for item in pair]
+            keys = [
+                self._keys.lease(camera),
+                self._keys.analytics_state(camera),
+                key,
+                self._keys.object_events(camera),
+            ]
+            state_keys[keys[1].encode()] = camera
             tx.on(key).execute_command(
                 "EVAL",
                 FENCED_ANALYTICS_ACK,
                 len(keys),
                 *keys,
-                holder,
+                self._lease_holder or "",
                 write.state,
                 FRAMES_GROUP,
+                events_maxlen,
+                len(write.events),
+                *events,
                 *ids,
             )
-        self.execute(tx)
+        results = self.execute(tx)
+        return {state_keys[r] for r in results if isinstance(r, bytes) and r in state_keys}
 
     @staticmethod
-    def execute(tx: SlotTransactions) -> None:
-        """Run a pipeline (retried through an outage by the client).  An acknowledgement
-        that finds no group is no error: Redis restarted without the frames, which are gone
-        either way (the reader re-creates the group)."""
-        for result in tx.execute(raise_on_error=False):
+    def execute(tx: SlotTransactions) -> list[object]:
+        """Run a pipeline (retried through an outage by the client) and return its replies.
+        An acknowledgement that finds no group is no error: Redis restarted without the
+        frames, which are gone either way (the reader re-creates the group)."""
+        results = tx.execute(raise_on_error=False)
+        for result in results:
             if isinstance(result, Exception) and not is_nogroup(result):
                 raise result
+        return results

@@ -79,14 +79,22 @@ class Publisher:
             by_stream.setdefault(self._keys.frames(q.camera), []).append(q.item.entry_id)
         try:
             self._sink.write(detections)
-            self._acks.acknowledge_frames(by_stream, writes, events_maxlen=self._events_maxlen)
+            refused = self._acks.acknowledge_frames(
+                by_stream, writes, events_maxlen=self._events_maxlen
+            )
         except BaseException:
             if self._analyser is not None:  # its next frames start from the state in Redis
                 self._analyser.forget(writes)
             raise
         if writes:
-            self._telemetry.objects_analysed(analysed.events)
+            # a camera whose lease moved on: its new owner analyses these frames again
+            self._analyser.forget(refused)  # type: ignore[union-attr]
+            self._telemetry.objects_analysed(
+                [e for camera in writes.keys() - refused for e in analysed.commits[camera].events]
+            )
             for camera, occupancy in analysed.occupancy.items():
+                if camera in refused:  # its owner's gauges count it now
+                    occupancy = {zone: {} for zone in occupancy}
                 self._telemetry.zones_occupied(camera, occupancy)
         batched = batch.prepared.batched
         for q, geometry, result, message in zip(

@@ -3,10 +3,12 @@ state that carries on through Redis as if nothing had happened (pure logic)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from pipeline.analytics.camera import CameraAnalytics
-from pipeline.analytics.store import dump_state, load_state
+from pipeline.analytics.store import StateUnreadable, dump_state, load_state
 from pipeline.config.analytics import AnalyticsConfig
 from pipeline.errors import BadInput
 from streams.messages import Detection, DetectionMessage, Timestamps
@@ -150,3 +152,59 @@ def test_event_ids_are_the_frames_and_stable():
     assert [e.id for e in events] == [e.id for e in again]
     assert len({e.id for e in events}) == len(events)
     assert all(e.id.startswith(f"s1:{e.seq}:") for e in events)
+
+
+def test_events_carry_the_running_counts():
+    events = [e for r in run(analytics(), scene()) for e in r.events]
+    counted = {e.kind: e.count for e in events if e.count is not None}
+    assert counted == {"line_cross": 1, "zone_enter": 1, "zone_exit": 0}
+    assert all(e.count is None for e in events if e.kind in ("track_start", "track_end", "loiter"))
+
+
+def test_a_lost_track_leaves_its_zone_when_it_was_last_seen():
+    events = [e for r in run(analytics(), scene()) for e in r.events]
+    (enter,) = [e for e in events if e.kind == "zone_enter"]
+    (leave,) = [e for e in events if e.kind == "zone_exit"]
+    assert leave.seq > 20  # reported when the tracker gives the track up...
+    assert leave.dwell_s == pytest.approx(1.9 - enter.pts)  # ...dwelling until frame 19
+
+
+def test_new_tracker_settings_end_the_tracks_of_a_carried_state():
+    first = analytics()
+    run(first, scene()[:8])
+    changed = {**CONFIG, "tracker": {"lost_track_s": 3.0}}
+    carried = analytics(changed, state=load_state(dump_state(first.state)))
+    after = run(carried, scene()[8:12])
+    assert [e.kind for e in after[0].events][:1] == ["track_end"]
+    ids = {d.track_id for r in after for d in r.message.detections} - {None}
+    assert ids == {1}  # a new track; ids go on
+    assert carried.state.tracker.config.lost_track_s == 3.0
+
+
+def test_a_line_carried_into_a_longer_hysteresis_keeps_counting():
+    first = analytics()
+    run(first, scene()[:6])
+    longer = {**CONFIG, "lines": {"gate": {**CONFIG["lines"]["gate"], "min_crossing_frames": 3}}}
+    carried = analytics(longer, state=load_state(dump_state(first.state)))
+    events = [e for r in run(carried, scene()[6:]) for e in r.events]
+    # on the new side from frame 8: two frames in a row (the default) count it in frame 9,
+    # three in frame 10
+    assert [(e.seq, e.kind) for e in events if e.kind == "line_cross"] == [(10, "line_cross")]
+
+
+def test_a_damaged_state_is_refused_with_the_reason():
+    blob = dump_state(analytics().state)
+    with pytest.raises(StateUnreadable, match="unreadable"):
+        load_state(blob[:-10])
+    with pytest.raises(StateUnreadable, match="another version"):
+        load_state(b"framebatch-analytics/1/trackers-2.0\n" + blob.split(b"\n", 1)[1])
+
+
+def test_regions_that_do_not_fit_leave_the_state_as_it_was():
+    config = {"tracker": {}, "zones": {"far": {"polygon": [[0, 0], [950, 0], [0, 530]]}}}
+    camera = analytics(config)
+    run(camera, [frame(i, [car_going_down(i)]) for i in range(3)])
+    smaller = replace(frame(3, [car_going_down(3)]), width=640, height=360)
+    with pytest.raises(BadInput):
+        camera.analyse(smaller)
+    assert camera.state.last_seq == 2

@@ -1,0 +1,82 @@
+"""A camera's events, analytics state and frame acknowledgement go through together, in one
+fenced script on a real redis-server, or not at all for a worker that lost the camera's lease."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.ledger.acks import AnalyticsWrite, FrameAcks
+from streams.keys import FRAMES_GROUP, StreamKeys
+from streams.object_events import ObjectEvent
+
+
+def event(seq: int, index: int, **extra) -> ObjectEvent:
+    return ObjectEvent(
+        kind="line_cross",
+        camera="gate",
+        session="s1",
+        seq=seq,
+        index=index,
+        pts=seq / 10,
+        time=1000.0 + seq,
+        track_id=7,
+        class_id=2,
+        label="car",
+        score=0.9,
+        box=(1.0, 2.0, 3.0, 4.0),
+        region="door",
+        direction="in",
+        count=index + 1,
+        **extra,
+    )
+
+
+@pytest.fixture
+def pending(redis_client, prefix):
+    """Two frames of camera ``gate`` read by worker w1, not yet acknowledged."""
+    keys = StreamKeys(prefix)
+    frames = keys.frames("gate")
+    redis_client.xgroup_create(frames, FRAMES_GROUP, id="0", mkstream=True)
+    ids = [redis_client.xadd(frames, {"seq": str(n)}) for n in range(2)]
+    redis_client.xreadgroup(FRAMES_GROUP, "w1", {frames: ">"})
+    return keys, frames, ids
+
+
+def write(events: list[ObjectEvent]) -> AnalyticsWrite:
+    return AnalyticsWrite([e.to_fields() for e in events], b"state after")
+
+
+def test_the_lease_holder_writes_events_state_and_acknowledgement(redis_client, pending):
+    keys, frames, ids = pending
+    redis_client.set(keys.lease("gate"), "w1")
+    acks = FrameAcks(redis_client=redis_client, keys=keys, ledger_maxlen=100, lease_holder="w1")
+    events = [event(1, 0), event(1, 1, dwell_s=None)]
+    refused = acks.acknowledge_frames({frames: ids}, {"gate": write(events)})
+    assert refused == set()
+    written = [
+        ObjectEvent.from_fields(f) for _, f in redis_client.xrange(keys.object_events("gate"))
+    ]
+    assert written == events
+    assert redis_client.get(keys.analytics_state("gate")) == b"state after"
+    assert redis_client.xpending(frames, FRAMES_GROUP)["pending"] == 0
+    assert redis_client.xlen(frames) == 0
+
+
+def test_a_worker_that_lost_the_lease_writes_nothing(redis_client, pending):
+    keys, frames, ids = pending
+    redis_client.set(keys.lease("gate"), "w2")  # moved on while w1 analysed
+    acks = FrameAcks(redis_client=redis_client, keys=keys, ledger_maxlen=100, lease_holder="w1")
+    refused = acks.acknowledge_frames({frames: ids}, {"gate": write([event(1, 0)])})
+    assert refused == {"gate"}
+    assert redis_client.xlen(keys.object_events("gate")) == 0
+    assert redis_client.get(keys.analytics_state("gate")) is None
+    assert redis_client.xpending(frames, FRAMES_GROUP)["pending"] == 2  # for w2 to claim
+
+
+def test_a_frame_without_events_still_writes_its_state(redis_client, pending):
+    keys, frames, ids = pending
+    acks = FrameAcks(redis_client=redis_client, keys=keys, ledger_maxlen=100)  # no leases
+    assert acks.acknowledge_frames({frames: ids}, {"gate": write([])}) == set()
+    assert redis_client.get(keys.analytics_state("gate")) == b"state after"
+    assert redis_client.xlen(keys.object_events("gate")) == 0
+    assert redis_client.xpending(frames, FRAMES_GROUP)["pending"] == 0
