@@ -133,7 +133,10 @@ def test_torn_writes_are_never_returned(tmp_path: Path) -> None:
         with open(tmp_path / name, "rb", buffering=0) as file:
             deadline = time.monotonic() + 10
             while whole + lost < 3000 and time.monotonic() < deadline:
-                generation = struct.unpack("<Q", os.pread(file.fileno(), 8, HEADER_BYTES))[0]
+                raw = os.pread(file.fileno(), 8, HEADER_BYTES)
+                if len(raw) < 8:
+                    continue  # the file is there but not sized yet
+                generation = struct.unpack("<Q", raw)[0]
                 if generation == 0:
                     continue  # nothing written yet
                 if generation % 2:
