@@ -41,6 +41,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from detectors.detector import Detector
+from pipeline.analytics.snapshots import SnapshotStore
 from pipeline.analytics.stage import AnalyticsSettings
 from pipeline.config import Config
 from pipeline.errors import BadInput
@@ -119,6 +120,7 @@ class Pipeline:
             )
             events = EventRelay(services, on_event)
             sink = _open_sink(config, services, stack)
+            snapshots = _snapshot_store(config)
             # what an earlier run left, before any decoder of this run can trim it away
             cameras = [camera.id for camera in config.cameras]
             drain(
@@ -134,7 +136,7 @@ class Pipeline:
             stack.callback(decoders.close)
             pool = DetectorPool.sharded(
                 config,
-                _pool_resources(services, sink, config),
+                _pool_resources(services, sink, config, snapshots),
                 stop=stop,
                 until_done=until_done,
                 detector_factory=detector_factory,
@@ -154,6 +156,7 @@ class Pipeline:
                 label=pool.label,
                 token=config.http.token,
                 stack=stack,
+                snapshots=snapshots,
             )
             _load(pool, services, config, stack, since_ms=since_ms)
             return cls(
@@ -234,9 +237,10 @@ class Pipeline:
             )
             events = EventRelay(services, on_event)
             sink = _open_sink(config, services, stack)
+            snapshots = _snapshot_store(config)
             pool = DetectorPool.leased(
                 config,
-                _pool_resources(services, sink, config),
+                _pool_resources(services, sink, config, snapshots),
                 device=device,
                 worker_id=worker_id,
                 stop=stop,
@@ -249,6 +253,7 @@ class Pipeline:
                 label=pool.label,
                 token=config.http.token,
                 stack=stack,
+                snapshots=snapshots,
             )
             # workers come and go: every entry is for whoever reads it
             _load(pool, services, config, stack, since_ms=0)
@@ -334,14 +339,29 @@ def _open_sink(config: Config, services: Services, stack: ExitStack) -> Detectio
     return sink
 
 
-def _pool_resources(services: Services, sink: DetectionSink, config: Config) -> PoolResources:
+def _snapshot_store(config: Config) -> SnapshotStore:
+    """Where events' snapshots go (nothing is written until a camera takes one)."""
+    settings = config.snapshots
+    return SnapshotStore(
+        settings.path,
+        max_bytes=int(settings.max_size_mb * 2**20),
+        max_age_s=settings.max_age_days * 86_400,
+    )
+
+
+def _pool_resources(
+    services: Services, sink: DetectionSink, config: Config, snapshots: SnapshotStore
+) -> PoolResources:
     return PoolResources(
         redis_client=services.client,
         keys=services.keys,
         accounting=services.accounting,
         telemetry=services.telemetry,
         sink=sink,
-        analytics=AnalyticsSettings((camera.id, camera.analytics) for camera in config.cameras),
+        analytics=AnalyticsSettings(
+            ((camera.id, camera.analytics) for camera in config.cameras),
+            snapshots=snapshots,
+        ),
     )
 
 

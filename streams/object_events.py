@@ -49,6 +49,8 @@ class ObjectEvent:
     #: zone_enter, zone_exit: tracks of this class in the zone after it. Outputs publish counts
     #: from it, so a count topic is right after any restart without state of its own.
     count: int | None = None
+    #: the event's JPEG, relative to the snapshots folder ("" when none was taken)
+    snapshot: str = ""
     schema: int = SCHEMA_VERSION
 
     @property
@@ -80,6 +82,7 @@ class ObjectEvent:
             "direction": self.direction,
             "dwell_s": "" if self.dwell_s is None else repr(self.dwell_s),
             "count": "" if self.count is None else self.count,
+            "snapshot": self.snapshot,
         }
 
     @classmethod
@@ -115,6 +118,7 @@ class ObjectEvent:
             direction=text("direction"),
             dwell_s=optional("dwell_s"),
             count=int(text("count")) if text("count") else None,
+            snapshot=text("snapshot"),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -136,6 +140,7 @@ class ObjectEvent:
             "direction": self.direction or None,
             "dwell_s": None if self.dwell_s is None else round(self.dwell_s, 3),
             "count": self.count,
+            "snapshot": self.snapshot or None,
         }
 
     @classmethod
@@ -159,4 +164,5 @@ class ObjectEvent:
             direction=data.get("direction") or "",
             dwell_s=data.get("dwell_s"),
             count=data.get("count"),
+            snapshot=data.get("snapshot") or "",
         )

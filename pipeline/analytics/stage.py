@@ -6,11 +6,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from pipeline.analytics.snapshots import FramePicture, SnapshotStore, render
 from pipeline.analytics.store import AnalyticsStore, dump_state
-from pipeline.config.analytics import AnalyticsConfig
+from pipeline.config.analytics import AnalyticsConfig, SnapshotConfig
 from pipeline.errors import BadInput
 from streams.messages import DetectionMessage
 from streams.object_events import ObjectEvent
@@ -24,9 +25,16 @@ log = logging.getLogger(__name__)
 class AnalyticsSettings:
     """Each camera's analytics settings, changed live by the camera API (any thread)."""
 
-    def __init__(self, settings: Iterable[tuple[str, AnalyticsConfig | None]] = ()):
+    def __init__(
+        self,
+        settings: Iterable[tuple[str, AnalyticsConfig | None]] = (),
+        *,
+        snapshots: SnapshotStore | None = None,
+    ):
+        """``snapshots``: where cameras with ``snapshots`` settings keep their JPEGs."""
         self._lock = threading.Lock()
         self._settings = {camera: config for camera, config in settings if config is not None}
+        self.snapshots = snapshots
 
     def get(self, camera: str) -> AnalyticsConfig | None:
         return self._settings.get(camera)  # a dict read is atomic; writers replace entries
@@ -82,6 +90,7 @@ class FrameAnalyser:
         self._cameras: dict[str, CameraAnalytics] = {}
         self._configs: dict[str, AnalyticsConfig] = {}
         self._failed: set[str] = set()  # cameras whose regions do not fit their frames
+        self._snapshot_failures = 0
 
     def check(self, camera: str, config: AnalyticsConfig) -> None:
         """Raises :class:`BadInput` for settings this model cannot follow (a class it lacks)."""
@@ -90,16 +99,20 @@ class FrameAnalyser:
         CameraAnalytics(camera, config, label=self._label, classes=self._classes)
 
     def analyse(
-        self, messages: Sequence[DetectionMessage], fresh: Iterable[str] = ()
+        self,
+        messages: Sequence[DetectionMessage],
+        fresh: Iterable[str] = (),
+        pictures: Sequence[FramePicture] | None = None,
     ) -> AnalysedBatch:
         """``fresh``: cameras that came to this worker since their last frame here: their
-        state is read from Redis (another worker may have carried it on meanwhile)."""
+        state is read from Redis (another worker may have carried it on meanwhile).
+        ``pictures``: what the detector saw of each message's frame, for snapshots."""
         for camera in fresh:
             self._cameras.pop(camera, None)
         analysed: list[DetectionMessage] = []
         events: dict[str, list[ObjectEvent]] = {}
         commits: dict[str, AnalyticsCommit] = {}
-        for message in messages:
+        for position, message in enumerate(messages):
             camera = message.camera
             analytics = self._camera(camera)
             if analytics is None:
@@ -119,7 +132,11 @@ class FrameAnalyser:
                 analysed.append(message)
                 continue
             analysed.append(frame.message)
-            events.setdefault(camera, []).extend(frame.events)
+            frame_events = frame.events
+            snapshots = self._configs[camera].snapshots
+            if frame_events and snapshots is not None and pictures is not None:
+                frame_events = self._snapshot(frame_events, pictures[position], snapshots)
+            events.setdefault(camera, []).extend(frame_events)
         for camera, camera_events in events.items():
             commits[camera] = AnalyticsCommit(
                 tuple(camera_events), dump_state(self._cameras[camera].state)
@@ -136,6 +153,34 @@ class FrameAnalyser:
         moved on): their next frames here start from the state in Redis."""
         for camera in cameras:
             self._cameras.pop(camera, None)
+
+    def _snapshot(
+        self, events: Sequence[ObjectEvent], picture: FramePicture, settings: SnapshotConfig
+    ) -> tuple[ObjectEvent, ...]:
+        """The events, those of the kinds asked for with their snapshot written.  A snapshot
+        that cannot be written (a full disk) leaves its event without one: an event is never
+        held back for its picture."""
+        store = self._settings.snapshots
+        if store is None:
+            return tuple(events)
+        taken = []
+        for event in events:
+            if event.kind in settings.kinds:
+                try:
+                    path = store.write(event.camera, event.id, render(picture, event, settings))
+                except OSError as exc:
+                    self._snapshot_failures += 1
+                    if self._snapshot_failures == 1 or self._snapshot_failures % 1000 == 0:
+                        log.warning(
+                            "camera %s: snapshot not written (%d so far): %s",
+                            event.camera,
+                            self._snapshot_failures,
+                            exc,
+                        )
+                else:
+                    event = replace(event, snapshot=path)
+            taken.append(event)
+        return tuple(taken)
 
     def _camera(self, camera: str) -> CameraAnalytics | None:
         config = self._settings.get(camera)

@@ -3,12 +3,13 @@ and masks, a tracker, zones and lines — and so which events it produces."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from pipeline.config.errors import Problem, fail, fail_at
-from pipeline.config.fields import MODEL_CONFIG, Finite, key_part
+from pipeline.config.fields import MODEL_CONFIG, Finite, key_part, resolve_path
 
 Point = tuple[Finite, Finite]
 Polygon = Annotated[list[Point], Field(min_length=3, max_length=100)]
@@ -107,6 +108,45 @@ class LineConfig(BaseModel):
         return self
 
 
+#: Events that may take a snapshot (a track's start and end are not what a person looks at).
+SnapshotKind = Literal["zone_enter", "zone_exit", "line_cross", "loiter", "track_start"]
+
+
+class SnapshotConfig(BaseModel):
+    """A JPEG for each event of these kinds, of the pixels the detector saw (the model's input
+    size: 640 px wide for a 16:9 camera at imgsz 640), as Frigate's come from its detect
+    stream: enough to tell a person from a car and to see which way it went, not to read a
+    plate."""
+
+    model_config = MODEL_CONFIG
+    kinds: list[SnapshotKind] = Field(
+        ["zone_enter", "line_cross", "loiter"], min_length=1, description="Events that get one"
+    )
+    crop: bool = Field(False, description="The object's box with a margin, not the whole frame")
+    margin: Finite = Field(0.25, ge=0, le=2, description="crop: margin each side, of box size")
+    bounding_box: bool = Field(True, description="Draw the object's box on the snapshot")
+    quality: int = Field(85, ge=10, le=100, description="JPEG quality")
+
+
+class SnapshotStoreConfig(BaseModel):
+    """Where the cameras' snapshots are kept (``snapshots:`` at the top of the config)."""
+
+    model_config = MODEL_CONFIG
+    path: Path = Field(
+        Path("snapshots"),
+        validate_default=True,  # the default too is relative to the config file's folder
+        description="Folder, one subfolder a camera; relative to the config file's folder. "
+        "Shared by every host that runs detect workers, or each keeps its own",
+    )
+    max_size_mb: Finite = Field(1024, gt=0, description="Oldest removed past this size")
+    max_age_days: Finite = Field(10, gt=0, description="Removed past this age (Frigate's default)")
+
+    @field_validator("path")
+    @classmethod
+    def _resolve(cls, path: Path, info: ValidationInfo) -> Path:
+        return resolve_path(path, info)
+
+
 class AnalyticsConfig(BaseModel):
     """Per camera; unset (the default) publishes the detector's boxes as they are."""
 
@@ -131,6 +171,9 @@ class AnalyticsConfig(BaseModel):
     lines: dict[str, LineConfig] = Field(
         default_factory=dict, max_length=32, description="Lines by name"
     )
+    snapshots: SnapshotConfig | None = Field(
+        None, description="A JPEG per event, kept in the snapshots store; off unless set"
+    )
 
     @field_validator("zones", "lines")
     @classmethod
@@ -152,6 +195,10 @@ class AnalyticsConfig(BaseModel):
         if (self.zones or self.lines) and self.tracker is None:
             problems.append(
                 (("tracker",), "zones and lines count tracks: set tracker (e.g. {})", None)
+            )
+        if self.snapshots is not None and self.tracker is None:
+            problems.append(
+                (("tracker",), "snapshots are of events, which need tracks: set tracker", None)
             )
         if self.coordinates == "normalized":
             for loc, point in self._points():

@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_va
 
 from detectors.backends import backend_names, suffixes
 from detectors.catalog import KNOWN_MODELS, known_name, model_path
+from pipeline.config.analytics import SnapshotStoreConfig
 from pipeline.config.batching import BatchingConfig
 from pipeline.config.cameras import CameraConfig
 from pipeline.config.errors import Problem, clip, fail, fail_at
@@ -282,6 +283,11 @@ class Config(BaseModel):
     )
     http: HttpConfig = Field(
         default_factory=HttpConfig, description="Metrics, health, camera API and live view"
+    )
+    snapshots: SnapshotStoreConfig = Field(
+        default={},  # validated, so that the default path too joins the config's folder
+        validate_default=True,
+        description="Where event snapshots go (cameras with analytics.snapshots)",
     )
     sinks: list[SinkSettings] = Field(
         default_factory=default_sinks,

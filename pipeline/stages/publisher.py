@@ -10,6 +10,7 @@ from __future__ import annotations
 from detectors.detector import Detector
 from detectors.postprocess import ImageDetections
 from detectors.preprocess import LetterboxGeometry
+from pipeline.analytics.snapshots import FramePicture
 from pipeline.analytics.stage import FrameAnalyser
 from pipeline.ledger.acks import AnalyticsWrite
 from pipeline.stages.batches import InferredBatch
@@ -68,7 +69,11 @@ class Publisher:
         ]
         writes: dict[str, AnalyticsWrite] = {}
         if self._analyser is not None:
-            analysed = self._analyser.analyse(detections, batch.prepared.fresh)
+            pictures = [
+                FramePicture(q.item.image, geometry)
+                for q, geometry in zip(frames, geometries, strict=True)
+            ]
+            analysed = self._analyser.analyse(detections, batch.prepared.fresh, pictures)
             detections = analysed.messages
             writes = {
                 camera: AnalyticsWrite([e.to_fields() for e in commit.events], commit.state)

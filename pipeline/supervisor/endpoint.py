@@ -14,6 +14,7 @@ from pipeline.config import Config
 from pipeline.supervisor.services import Services
 
 if TYPE_CHECKING:
+    from pipeline.analytics.snapshots import SnapshotStore
     from pipeline.serve.http import CameraOps
 
 log = logging.getLogger(__name__)
@@ -52,12 +53,23 @@ def start_http(
     label: Callable[[int], str] = str,
     token: str | None,
     stack: ExitStack,
+    snapshots: SnapshotStore | None = None,
 ) -> str | None:
     """The endpoint on its own thread; returns its URL (None when there is no socket).
-    ``cameras``: the camera changes the API may make; None: metrics and health only."""
+    ``cameras``: the camera changes the API may make; None: metrics and health only.
+    ``snapshots``: the store ``/api/events`` serves event snapshots from."""
     if sock is None:
         return None
+    from pipeline.serve.events import EventLog
     from pipeline.serve.http import HttpServer, build_app
+
+    control = services.control
+    events = EventLog(
+        services.client,
+        services.keys,
+        cameras=lambda: [view.id for view in control.cameras()],
+        snapshots=snapshots,
+    )
 
     app = build_app(
         control=services.control,
@@ -67,6 +79,7 @@ def start_http(
         utilization=services.metrics.utilization.ratio,
         label=label,
         token=token,
+        events=events if cameras is not None else None,
     )
     serves = "metrics and health" if cameras is None else "metrics, health, API and live view"
     server = HttpServer(app, sock, serves)

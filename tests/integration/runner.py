@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -86,6 +87,12 @@ def stop_daemon(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
         proc.kill()
         out, err = proc.communicate()
     return proc.returncode, out, err
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.05):

@@ -11,6 +11,8 @@ import signal
 import subprocess
 from collections import Counter
 
+import cv2
+import httpx
 import numpy as np
 import pytest
 import redis
@@ -26,6 +28,7 @@ from streams.object_events import ObjectEvent
 from tests.conftest import MODEL, VIDEOS
 from tests.integration.runner import (
     framebatch,
+    free_port,
     published,
     run_until_done,
     start_daemon,
@@ -249,3 +252,83 @@ def test_a_killed_workers_tracks_and_counts_carry_on_elsewhere(highway, tmp_path
                 if process is not None and process.poll() is None:
                     stop_daemon(process)
         assert_as_the_reference(client, prefix, camera, FRAMES)
+
+
+def test_events_snapshots_are_served_with_the_apis_token_rules(highway, assets, tmp_path):
+    """Two cameras on the highway, one with whole-frame snapshots, one with crops: each
+    line crossing and zone entry names a JPEG of what the detector saw, written under the
+    snapshots folder and served by ``/api/events/{id}/snapshot.jpg`` only with the token."""
+    port, token = free_port(), "snapshot-test-token-0123456789"
+    snapshots = {"kinds": ["line_cross", "zone_enter"]}
+    config = write_config(
+        tmp_path / "snapshots.yaml",
+        model=MODEL,
+        cameras=[
+            {
+                "id": "whole",
+                "url": str(highway),
+                "analytics": {**ANALYTICS, "snapshots": snapshots},
+            },
+            {
+                "id": "cropped",
+                "url": str(highway),
+                "analytics": {**ANALYTICS, "snapshots": {**snapshots, "crop": True}},
+            },
+        ],
+        redis_url=None,
+        http={"listen": f"127.0.0.1:{port}", "token": token},
+    )
+    proc = start_daemon(config)
+    authorised = {"authorization": f"Bearer {token}"}
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=15, headers=authorised)
+
+    def events(**query) -> list[dict]:
+        try:
+            response = client.get("/api/events", params={"limit": 500, **query})
+        except httpx.TransportError:
+            return []  # not listening yet
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def both_cameras_done() -> bool:
+        try:
+            cameras = client.get("/api/cameras").json()
+        except httpx.TransportError:
+            return False
+        return len(cameras) == 2 and all(
+            camera["state"] == "ended" and camera["processed"] == FRAMES for camera in cameras
+        )
+
+    try:
+        wait_for(both_cameras_done, 300, "both cameras' clips processed", 0.5)
+        listed = events()
+        assert listed, "the clip's cars make events"
+        assert [e["time"] for e in listed] == sorted((e["time"] for e in listed), reverse=True)
+        shapes = {}
+        for event in listed:
+            wanted = event["kind"] in snapshots["kinds"]
+            assert (event["snapshot_url"] is not None) == wanted, event
+            if not wanted:
+                continue
+            assert (tmp_path / "snapshots" / event["snapshot"]).is_file()
+            picture = client.get(event["snapshot_url"])
+            assert picture.status_code == 200 and picture.headers["content-type"] == "image/jpeg"
+            image = cv2.imdecode(np.frombuffer(picture.content, np.uint8), cv2.IMREAD_COLOR)
+            shapes.setdefault(event["camera"], []).append(image.shape[:2])
+        # the model's input with its padding cut: 960x540 at imgsz 640 is 640x360
+        assert set(shapes["whole"]) == {(360, 640)}
+        # a box and its margin: smaller than the frame (a truck near the camera may be as tall)
+        assert all(h * w < 360 * 640 for h, w in shapes["cropped"]), shapes["cropped"]
+        assert np.median([h * w for h, w in shapes["cropped"]]) < 360 * 640 / 4
+        crossings = events(kind="line_cross", camera="cropped")
+        assert crossings and {(e["kind"], e["camera"]) for e in crossings} == {
+            ("line_cross", "cropped")
+        }
+        assert client.get("/api/events", params={"kind": "sneeze"}).status_code == 422
+        url = listed[0]["snapshot_url"] or crossings[0]["snapshot_url"]
+        assert httpx.get(f"http://127.0.0.1:{port}{url}").status_code == 401
+        gone = client.get("/api/events/nobody:1:0/snapshot.jpg")
+        assert gone.status_code == 404 and "no snapshot" in gone.text
+    finally:
+        client.close()
+        stop_daemon(proc)

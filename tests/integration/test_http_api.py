@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import MODEL, VIDEOS
 from tests.integration.runner import (
     framebatch,
+    free_port,
     start_daemon,
     stop_daemon,
     wait_for,
@@ -28,12 +29,6 @@ pytestmark = pytest.mark.integration
 HIGHWAY = VIDEOS / "highway_traffic_960x540_30fps.mp4"
 STREET = VIDEOS / "street_night_1920x1080_3fps.mp4"
 LOOPING = {"loop": True, "realtime": True, "fps": 5}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def get(client: httpx.Client, path: str) -> httpx.Response | None:

@@ -15,9 +15,11 @@ from prometheus_client import CollectorRegistry
 
 from pipeline.config.errors import MAX_LINE, clip
 from pipeline.serve.control import Control
+from pipeline.serve.events import EventLog
 from pipeline.serve.http.handles import CameraOps, PipelineHandles
 from pipeline.serve.http.limits import MAX_BODY_BYTES, BodyLimit
 from pipeline.serve.http.routes import cameras as camera_routes
+from pipeline.serve.http.routes import events as event_routes
 from pipeline.serve.http.routes import health, metrics, view
 from pipeline.serve.http.security import access_for
 from pipeline.serve.live_view import LiveFrames
@@ -34,11 +36,12 @@ def build_app(
     utilization: Callable[[], float],
     label: Callable[[int], str] = str,
     token: str | None = None,
+    events: EventLog | None = None,
 ) -> FastAPI:
     """The endpoint over a running pipeline's objects; with ``token``, the API and the view
     need it as a bearer token, without one they take only loopback ``Host`` headers.
     ``cameras`` None: metrics and health only (``framebatch decode``: no detections to show,
-    no camera API)."""
+    no camera API).  ``events``: the analytics events and snapshots ``/api/events`` serves."""
     app = FastAPIOffline(  # /docs and /redoc with their scripts served here, not from a CDN
         title="framebatch",
         summary="Metrics, health, cameras and live view of a running framebatch pipeline",
@@ -59,6 +62,8 @@ def build_app(
         access = access_for(token)
         app.include_router(camera_routes.router(pipeline, access))
         app.include_router(view.router(pipeline, access))
+        if events is not None:
+            app.include_router(event_routes.router(events, access))
     app.add_exception_handler(HTTPException, problem)
     app.add_exception_handler(RequestValidationError, unprocessable)
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)

@@ -8,6 +8,7 @@ from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.config import CameraConfig
+from streams.object_events import ObjectEvent
 
 CAMERA_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 CAMERA_ID = Annotated[str, PathParam(pattern=CAMERA_ID_PATTERN, max_length=64)]
@@ -35,6 +36,35 @@ class CameraOut(BaseModel):
     fps: float = Field(description="Frames processed a second, last few seconds")
     latency_p50_s: float | None
     latency_p99_s: float | None
+
+
+class EventOut(BaseModel):
+    """An analytics event, as ``framebatch consume --events`` prints it."""
+
+    id: str = Field(description="<frame_id>:<n>; the same when a frame is analysed again")
+    kind: str
+    camera: str
+    frame_id: str
+    pts: float | None
+    time: float = Field(description="Capture time of the frame, epoch seconds")
+    track_id: int
+    class_id: int
+    label: str
+    score: float
+    box: list[float] = Field(description="x1, y1, x2, y2 in source-frame pixels")
+    region: str | None = Field(description="The zone or line")
+    direction: str | None = Field(description="line_cross: in or out")
+    dwell_s: float | None
+    count: int | None = Field(description="The line's or zone's running count of the class")
+    snapshot: str | None = Field(description="Path in the snapshots folder")
+    snapshot_url: str | None = Field(description="Where this API serves the snapshot")
+    schema_version: int = Field(alias="schema")
+
+    @classmethod
+    def of(cls, event: ObjectEvent) -> EventOut:
+        data = event.to_json()
+        url = f"/api/events/{event.id}/snapshot.jpg" if event.snapshot else None
+        return cls.model_validate({**data, "snapshot_url": url})
 
 
 class PriorityIn(BaseModel):
