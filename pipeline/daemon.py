@@ -249,7 +249,9 @@ class Pipeline:
             http_url = start_http(
                 http_socket,
                 services,
-                cameras=FixedCameras("framebatch detect takes its cameras from the config only"),
+                cameras=FixedCameras(
+                    "framebatch detect takes its cameras from the config only", pool.analytics
+                ),
                 label=pool.label,
                 token=config.http.token,
                 stack=stack,

@@ -20,7 +20,7 @@ import numpy as np
 
 from detectors.postprocess import ImageDetections
 from detectors.preprocess import LetterboxGeometry
-from streams.messages import Timestamps
+from streams.messages import DetectionMessage, Timestamps
 from streams.object_events import ObjectEvent
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,8 @@ class DetectedFrame:
     pixels: np.ndarray
     geometry: LetterboxGeometry
     detections: ImageDetections
+    #: as published, where analytics ran: filtered, with track ids (drawn instead)
+    published: DetectionMessage | None = None
 
 
 class Telemetry:

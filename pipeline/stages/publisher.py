@@ -105,7 +105,8 @@ class Publisher:
         for q, geometry, result, message in zip(
             frames, geometries, results, detections, strict=True
         ):
-            seen = DetectedFrame(q.seq, q.item.image, geometry, result)
+            tracked = message if self._analyser is not None else None
+            seen = DetectedFrame(q.seq, q.item.image, geometry, result, tracked)
             self._telemetry.frame_detected(q.camera, message.timestamps, seen)
         # counted last: once a camera's frames are all counted, none is still on its way here
         self._accounting.on_published(

@@ -12,6 +12,7 @@ summary; its id may be added again).  Cameras added live are not written back to
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from pydantic import ValidationError
 
 from pipeline.batching import CameraRules
 from pipeline.config import MAX_CAMERAS_PER_DAEMON, CameraConfig, Config
+from pipeline.config.analytics import AnalyticsConfig
 from pipeline.config.errors import ConfigError, format_validation_errors
 from pipeline.errors import BadInput
 from pipeline.ledger.accounting import Accounting
@@ -38,13 +40,23 @@ log = logging.getLogger(__name__)
 class FixedCameras:
     """The API's camera changes where the cameras come from the config only."""
 
-    def __init__(self, reason: str):
+    def __init__(
+        self, reason: str, analytics: Callable[[str], AnalyticsConfig | None] = lambda c: None
+    ):
+        """``analytics``: each camera's settings, drawn in the live view."""
         self._reason = reason
+        self._analytics = analytics
 
     def add_camera(self, data: dict[str, Any]) -> CameraView:
         raise CameraConflict(self._reason)
 
     def set_priority(self, camera: str, priority: int) -> CameraView:
+        raise CameraNotFound(camera)
+
+    def analytics(self, camera: str) -> AnalyticsConfig | None:
+        return self._analytics(camera)
+
+    def set_analytics(self, camera: str, data: Any) -> CameraView:
         raise CameraNotFound(camera)
 
     def remove_camera(self, camera: str) -> CameraView:
@@ -128,6 +140,30 @@ class LiveCameras(Part):
         self._replace(camera)
         self._states.set_priority(camera_id, priority)
         self._pool.set_rules(camera_id, self._rules(camera))
+        return self._control.camera(camera_id)
+
+    def analytics(self, camera_id: str) -> AnalyticsConfig | None:
+        """The camera's analytics settings now (any thread)."""
+        return self._pool.analytics(camera_id)
+
+    def set_analytics(self, camera_id: str, data: Any) -> CameraView:
+        """New analytics settings (``None``: off), validated as the config's
+        ``cameras[].analytics``; the camera's next frame follows them, its counts carried on
+        (its tracks too, unless the tracker's settings changed)."""
+        self._active(camera_id)
+        try:
+            settings = None if data is None else AnalyticsConfig.model_validate(data)
+        except ValidationError as exc:
+            lines = format_validation_errors(exc, AnalyticsConfig)
+            raise ConfigError([f"analytics.{line}" for line in lines], "analytics") from None
+        try:  # a class the model lacks
+            self._pool.check_analytics(camera_id, settings)
+        except BadInput as exc:
+            raise ConfigError([str(exc)], "analytics") from None
+        camera = self._config.camera(camera_id).model_copy(update={"analytics": settings})
+        self._replace(camera)
+        self._pool.set_analytics(camera_id, settings)
+        log.info("camera %s: analytics %s", camera_id, "changed" if settings else "off")
         return self._control.camera(camera_id)
 
     def remove_camera(self, camera_id: str) -> CameraView:

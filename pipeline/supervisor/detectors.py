@@ -269,6 +269,10 @@ class DetectorPool(Part):
         if analyser is not None and config is not None:
             analyser.check(camera, config)
 
+    def analytics(self, camera: str) -> AnalyticsConfig | None:
+        """The camera's analytics settings now (any thread)."""
+        return self._resources.analytics.get(camera)
+
     def set_analytics(self, camera: str, config: AnalyticsConfig | None) -> None:
         """A camera's analytics settings changed (its worker picks them up with its next
         frame, carrying its tracks and counts on)."""

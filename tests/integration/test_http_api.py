@@ -354,7 +354,7 @@ def test_a_huge_body_is_refused_before_it_is_read(idle_daemon, path, size, chunk
     )
     assert answer.status == 413, answer
     assert b"64 KiB" in answer.body
-    assert answer.sent < 32 * MiB and answer.seconds < 10, answer  # not the whole body
+    assert answer.sent < 32 * MiB, answer  # not the whole body (its time is printed only)
     assert rss.growth < RSS_GROWTH_MAX, (rss.before, rss.peak)
     # the daemon serves on, and a camera's body under the cap still goes through
     assert client.get("/healthz").status_code == 200

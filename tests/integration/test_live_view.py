@@ -22,10 +22,13 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any, TypeVar
 
+import cv2
 import httpx
+import numpy as np
 import pytest
 import yaml
 
+from pipeline.serve.live_view import LINE_COLOUR, ZONE_COLOUR
 from tests.conftest import MODEL, VIDEOS
 from tests.integration.runner import write_config
 
@@ -38,6 +41,13 @@ LOOPING = {"loop": True, "realtime": True, "fps": 5}  # replays until stopped
 CLIPS = {
     "lobby": VIDEOS / "indoor_person_768x432_10fps.mp4",
     "street.night": VIDEOS / "street_night_1920x1080_3fps.mp4",
+}
+#: the lobby's person tracked in a zone over most of the frame, a snapshot as each track starts
+LOBBY_ANALYTICS = {
+    "coordinates": "normalized",
+    "tracker": {},
+    "zones": {"room": {"polygon": [[0.1, 0.1], [0.9, 0.1], [0.9, 0.9], [0.1, 0.9]]}},
+    "snapshots": {"kinds": ["track_start", "zone_enter"]},
 }
 SERVING = re.compile(r"http: metrics, health, API and live view on (http://\S+)")
 START_S = 60.0  # model load and warm-up on two slow cores included
@@ -138,11 +148,23 @@ def running_daemon(config: Path, headers: dict[str, str] | None = None) -> Itera
     assert code == (1 if failed else 0), (code, failed, log)
 
 
-def looping_config(path: Path, redis_url: str, clips: dict[str, Path], **http: Any) -> Path:
+def looping_config(
+    path: Path,
+    redis_url: str,
+    clips: dict[str, Path],
+    analytics: dict[str, dict[str, Any]] | None = None,
+    **http: Any,
+) -> Path:
+    """``analytics``: by camera, its ``analytics`` settings."""
+    settings = analytics or {}
     return write_config(
         path,
         model=MODEL,
-        cameras=[{"id": camera, "url": str(clip), **LOOPING} for camera, clip in clips.items()],
+        cameras=[
+            {"id": camera, "url": str(clip), **LOOPING}
+            | ({"analytics": settings[camera]} if camera in settings else {})
+            for camera, clip in clips.items()
+        ],
         redis_url=redis_url,
         prefix=path.stem,  # the session's Redis is shared: keys of its own
         http={"listen": "127.0.0.1:0", **http},
@@ -156,6 +178,8 @@ class Tile:
     frame: str | None  # the image's natural size once loaded ("640x360"), "error" if it failed
     source: str | None = None  # live, replay (a file replayed in real time) or file
     src: str | None = None
+    #: the latest events shown under the frame: (kind, its snapshot's natural size or None)
+    events: list[tuple[str, str | None]] = field(default_factory=list)
 
 
 @dataclass
@@ -186,8 +210,10 @@ class _PageParser(HTMLParser):
                 attr.get("data-source"),
             )
             self.page.tiles[element_id.removeprefix("camera-")] = self._tile
-        elif tag == "img" and self._tile is not None:
+        elif tag == "img" and self._tile is not None and attr.get("class") == "frame":
             self._tile.src = attr.get("src")
+        elif tag == "li" and self._tile is not None and attr.get("class") == "event":
+            self._tile.events.append((attr.get("data-kind") or "", attr.get("data-snapshot")))
         elif tag == "a" and element_id:
             self.page.links[element_id] = attr.get("href") or ""
 
@@ -241,7 +267,11 @@ def dump_dom(chrome: str, url: str, profile: Path) -> str:
 @pytest.fixture(scope="module")
 def daemon(assets, redis_url, tmp_path_factory) -> Iterator[Daemon]:
     config = looping_config(
-        tmp_path_factory.mktemp("live") / "live.yaml", redis_url, CLIPS, token=TOKEN
+        tmp_path_factory.mktemp("live") / "live.yaml",
+        redis_url,
+        CLIPS,
+        analytics={"lobby": LOBBY_ANALYTICS},
+        token=TOKEN,
     )
     with running_daemon(config, {"Authorization": f"Bearer {TOKEN}"}) as running:
         yield running
@@ -335,3 +365,60 @@ def test_the_api_browser_works_offline_and_the_view_links_it(
 
     page = load_page(chrome, f"{daemon.url}/?token={TOKEN}", tmp_path / "profile")
     assert page.links["api-docs"] == "/docs" and page.links["api-schema"] == "/openapi.json"
+
+
+def coloured(jpeg: bytes, bgr: tuple[int, int, int]) -> int:
+    """Pixels of a JPEG near a colour (the overlay's: rare in a real scene)."""
+    image = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)
+    return int((np.abs(image.astype(int) - bgr).max(axis=2) < 40).sum())
+
+
+def test_the_view_draws_zones_and_lines_and_lists_events_with_snapshots_and_edits_go_live(
+    daemon: Daemon, api: httpx.Client, tmp_path
+):
+    """The lobby's zone is drawn on its frame and its latest events show with their
+    snapshots; its analytics changed through the API (a line instead of the zone) is on the
+    next frames drawn; a bad change names the field and changes nothing."""
+    chrome = browser()
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    frame_of = lambda: api.get("/api/cameras/lobby/frame.jpg", headers=bearer).content  # noqa: E731
+    processed = lambda: api.get("/api/cameras/lobby", headers=bearer).json()["processed"]  # noqa: E731
+
+    wait_for(
+        lambda: api.get("/api/events", params={"camera": "lobby"}, headers=bearer).json(),
+        START_S,
+        "the lobby's first events",
+    )
+    page = load_page(chrome, f"{daemon.url}/?token={TOKEN}", tmp_path / "profile")
+    lobby = page.tiles["lobby"]
+    assert lobby.events, lobby
+    assert {kind for kind, _ in lobby.events} <= {"track_start", "zone_enter", "track_end"}
+    # each snapshot the page shows was loaded by the browser: it noted the natural size
+    assert all(re.fullmatch(r"[1-9]\d*x[1-9]\d*", size) for _, size in lobby.events if size)
+    assert any(size for _, size in lobby.events), lobby.events
+    assert not page.tiles["street.night"].events  # no analytics there
+
+    assert coloured(frame_of(), ZONE_COLOUR) > 300  # the zone's outline
+    assert coloured(frame_of(), LINE_COLOUR) < 50
+    read = api.get("/api/cameras/lobby/analytics", headers=bearer).json()
+    assert read["settings"]["zones"]["room"]["polygon"][0] == [0.1, 0.1]
+    assert set(read["zones"]) == {"room"}
+
+    line = {
+        "coordinates": "normalized",
+        "tracker": {},
+        "lines": {"door": {"start": [0.2, 0.5], "end": [0.8, 0.5]}},
+    }
+    assert api.put("/api/cameras/lobby/analytics", json=line).status_code == 401
+    twisted = {**line, "zones": {"bow": {"polygon": [[0, 0], [1, 1], [1, 0], [0, 1]]}}}
+    refused = api.put("/api/cameras/lobby/analytics", json=twisted, headers=bearer)
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["detail"][0].startswith("analytics.zones.bow.polygon:"), refused.text
+    changed = api.put("/api/cameras/lobby/analytics", json=line, headers=bearer)
+    assert changed.status_code == 200, changed.text
+    assert set(changed.json()["settings"]["lines"]) == {"door"}
+
+    after = processed() + 2  # frames analysed with the new settings
+    wait_for(lambda: processed() >= after, START_S, "the lobby's next frames")
+    frame = frame_of()
+    assert coloured(frame, LINE_COLOUR) > 100 and coloured(frame, ZONE_COLOUR) < 50

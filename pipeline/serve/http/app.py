@@ -18,6 +18,7 @@ from pipeline.serve.control import Control
 from pipeline.serve.events import EventLog
 from pipeline.serve.http.handles import CameraOps, PipelineHandles
 from pipeline.serve.http.limits import MAX_BODY_BYTES, BodyLimit
+from pipeline.serve.http.routes import analytics as analytics_routes
 from pipeline.serve.http.routes import cameras as camera_routes
 from pipeline.serve.http.routes import events as event_routes
 from pipeline.serve.http.routes import health, metrics, view
@@ -61,6 +62,7 @@ def build_app(
         )
         access = access_for(token)
         app.include_router(camera_routes.router(pipeline, access))
+        app.include_router(analytics_routes.router(pipeline, access))
         app.include_router(view.router(pipeline, access))
         if events is not None:
             app.include_router(event_routes.router(events, access))

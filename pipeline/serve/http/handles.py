@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 
+from pipeline.config.analytics import AnalyticsConfig
 from pipeline.serve.control import CameraView, Control
 from pipeline.serve.live_view import LiveFrames
 
@@ -22,13 +23,18 @@ class CameraOps(Protocol):
 
     def set_priority(self, camera: str, priority: int) -> CameraView: ...
 
+    def analytics(self, camera: str) -> AnalyticsConfig | None:
+        """The camera's analytics settings now (any thread)."""
+
+    def set_analytics(self, camera: str, data: Any) -> CameraView: ...
+
 
 @dataclass(frozen=True)
 class PipelineHandles:
     """The running pipeline's objects the routes read and change."""
 
     control: Control  # the supervisor's side: health, camera views, accounting, submit
-    cameras: CameraOps  # add, remove, re-prioritise a camera
+    cameras: CameraOps  # add, remove, re-prioritise a camera, change its analytics
     registry: CollectorRegistry  # the metrics ``/metrics`` exposes
     live: LiveFrames  # the newest detected frame of each camera
     utilization: Callable[[], float]  # the detector's busy share, recent

@@ -8,6 +8,7 @@ from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.config import CameraConfig
+from pipeline.config.analytics import AnalyticsConfig
 from streams.object_events import ObjectEvent
 
 CAMERA_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
@@ -91,6 +92,23 @@ def camera_schema() -> dict[str, Any]:
     schema["properties"]["id"].update(minLength=1, maxLength=64, pattern=CAMERA_ID_PATTERN)
     schema["properties"]["url"].update(minLength=1)
     return schema
+
+
+class AnalyticsOut(BaseModel):
+    """A camera's analytics settings and its running counts."""
+
+    settings: dict[str, Any] | None = Field(
+        description="As the config's cameras[].analytics; null: off"
+    )
+    lines: dict[str, dict[str, dict[str, int]]] = Field(
+        description="line -> in/out -> label -> crossings so far"
+    )
+    zones: dict[str, dict[str, int]] = Field(description="zone -> label -> tracks in it now")
+
+
+def analytics_schema() -> dict[str, Any]:
+    """A camera's ``analytics`` as JSON Schema (a request body), or null for off."""
+    return {"anyOf": [inline_definitions(AnalyticsConfig.model_json_schema()), {"type": "null"}]}
 
 
 def inline_definitions(schema: dict[str, Any]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import asdict
+from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
 
@@ -18,6 +19,15 @@ from pipeline.serve.http.security import Access
 
 def out(view: CameraView) -> CameraOut:
     return CameraOut(**asdict(view))
+
+
+async def json_body(request: Request, expected: str) -> Any:
+    """The request's body parsed (capped before and while it is read: ``BodyLimit``); 422
+    naming what was ``expected`` when it is not JSON."""
+    try:
+        return json.loads(await request.body())
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deep
+        raise HTTPException(422, f"the body must be {expected}") from None
 
 
 def carried_out(control: Control, apply: Callable[[], CameraView]) -> CameraOut:
@@ -59,11 +69,7 @@ def router(pipeline: PipelineHandles, access: Access) -> APIRouter:
     async def add_camera(request: Request) -> CameraOut:
         """Add a camera without a restart; validated as a config's ``cameras`` entry (relative
         file paths are relative to the config file)."""
-        body = await request.body()  # capped before and while it is read (``BodyLimit``)
-        try:
-            data = json.loads(body)
-        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deep
-            raise HTTPException(422, "the body must be a JSON object") from None
+        data = await json_body(request, "a JSON object")
         if not isinstance(data, dict):
             raise HTTPException(422, "the body must be a JSON object (a camera)")
         return await asyncio.to_thread(carried_out, control, lambda: cameras.add_camera(data))
