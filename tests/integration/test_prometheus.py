@@ -33,6 +33,11 @@ ALERTS_TEST = REPO_ROOT / "deploy" / "prometheus" / "alerts_test.yml"
 PROMETHEUS_EXAMPLE = REPO_ROOT / "deploy" / "prometheus" / "prometheus.yml"
 DASHBOARD = REPO_ROOT / "deploy" / "grafana" / "framebatch.json"
 HIGHWAY = VIDEOS / "highway_traffic_960x540_30fps.mp4"
+HIGHWAY_ANALYTICS = {
+    "tracker": {},
+    "lines": {"gate": {"start": [100, 300], "end": [860, 300]}},
+    "zones": {"near": {"polygon": [[150, 250], [800, 250], [960, 540], [0, 540]]}},
+}
 
 #: Grafana's built-in interval variables, as a 1 s scrape and a ~minute-long run need them.
 BUILTINS = {"__rate_interval": "10s", "__interval": "2s", "__range": "1m"}
@@ -201,8 +206,8 @@ class Stack:
 
 @pytest.fixture
 def stack(assets, redis_url, prefix, tmp_path) -> Iterator[Stack]:
-    """``framebatch run`` (one looping camera, and one whose frames all go stale, so that the
-    drop panels have data) scraped every second by ``prometheus`` with the real alert rules."""
+    """``framebatch run`` (one looping camera with a line and a zone, and one whose frames all
+    go stale, so that the analytics and drop panels have data) scraped every second by ``prometheus`` with the real alert rules."""
     prometheus_bin = require("prometheus")
     if not MODEL_ANY_SIZE.is_file():
         pytest.skip(f"model not found: {MODEL_ANY_SIZE}")
@@ -212,7 +217,8 @@ def stack(assets, redis_url, prefix, tmp_path) -> Iterator[Stack]:
         tmp_path / "framebatch.yaml",
         model=MODEL_ANY_SIZE,
         cameras=[
-            {"id": "highway", **loop, "fps": 5},
+            # cars cross its line and drive through its zone: the analytics panels' data
+            {"id": "highway", **loop, "fps": 8, "analytics": HIGHWAY_ANALYTICS},
             # 1 ms is over before the frame reaches the batcher: every frame drops as stale
             {"id": "late", **loop, "fps": 2, "max_frame_age_ms": 1},
         ],
