@@ -9,13 +9,11 @@ against every module's ``Options``; nothing else needs to change.
 from __future__ import annotations
 
 import functools
-import importlib
-import pkgutil
 from collections.abc import Sequence
 from types import ModuleType
-from typing import get_args
 
 from streams.messages import DetectionMessage
+from streams.registry import kind_modules
 from streams.sinks.base import DetectionSink, SinkContext, SinkOptions
 
 _NOT_SINKS = frozenset({"base"})
@@ -25,16 +23,7 @@ DEFAULT_SINK = "redis_streams"
 @functools.cache
 def sink_modules() -> dict[str, ModuleType]:
     """Every sink module of this package, by kind."""
-    modules = {}
-    for info in pkgutil.iter_modules(__path__):
-        if info.name in _NOT_SINKS:
-            continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        kinds = get_args(module.Options.model_fields["kind"].annotation)
-        if kinds != (info.name,):  # a mistake in a new sink, found by the first import
-            raise TypeError(f"{module.__name__}.Options.kind must be Literal[{info.name!r}]")
-        modules[info.name] = module
-    return modules
+    return kind_modules(__name__, __path__, skip=_NOT_SINKS, field="kind", entry="open_sink")
 
 
 def sink_options_models() -> tuple[type[SinkOptions], ...]:

@@ -23,10 +23,7 @@ The policy names the config accepts and ``make_policy`` builds are derived from 
 from __future__ import annotations
 
 import functools
-import importlib
-import pkgutil
 from types import ModuleType
-from typing import get_args
 
 from pipeline.batching.policies.adaptive import AdaptivePolicy
 from pipeline.batching.policies.aimd import AimdPolicy
@@ -39,6 +36,7 @@ from pipeline.batching.policies.base import (
 from pipeline.batching.policies.batch1 import Batch1Policy
 from pipeline.batching.policies.static import StaticPolicy
 from pipeline.batching.policies.timeout import TimeoutPolicy
+from streams.registry import kind_modules
 
 _NOT_POLICIES = frozenset({"base"})
 DEFAULT_POLICY = "adaptive"
@@ -47,22 +45,12 @@ DEFAULT_POLICY = "adaptive"
 @functools.cache
 def policy_modules() -> dict[str, ModuleType]:
     """Every policy module of this package, by policy name."""
-    modules = {}
-    for info in pkgutil.iter_modules(__path__):
-        if info.name in _NOT_POLICIES:
-            continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        options = getattr(module, "Options", None)
-        names = get_args(options.model_fields["name"].annotation) if options else ()
-        # a mistake in a new policy, found by the first import
-        if names != (info.name,) or not callable(getattr(module, "build_policy", None)):
-            raise TypeError(
-                f"{module.__name__} must define Options (name: Literal[{info.name!r}]) "
-                "and build_policy(options, shared)"
-            )
-        if len(_classes_named(module, info.name)) != 1:
-            raise TypeError(f"{module.__name__} must define one BatchPolicy named {info.name!r}")
-        modules[info.name] = module
+    modules = kind_modules(
+        __name__, __path__, skip=_NOT_POLICIES, field="name", entry="build_policy"
+    )
+    for name, module in modules.items():
+        if len(_classes_named(module, name)) != 1:
+            raise TypeError(f"{module.__name__} must define one BatchPolicy named {name!r}")
     return modules
 
 
