@@ -12,7 +12,8 @@ if [[ "${1:-}" == "--tests" ]]; then
   packages+=(gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-base gstreamer1.0-plugins-good
              gstreamer1.0-plugins-bad gstreamer1.0-plugins-ugly gstreamer1.0-libav python3-gi
              prometheus chromium  # promtool and a real Prometheus; the live view in a browser
-             iproute2)  # ip netns: hosts for the several-hosts tests
+             iproute2  # ip netns: hosts for the several-hosts tests
+             mosquitto)  # a real MQTT broker: tests/integration/test_outputs.py
   # the tests cover the torch backends and `framebatch export`, so they take both extras
   extras="[test,ultralytics]"
 elif [[ "${1:-}" == "--export" ]]; then

@@ -49,12 +49,14 @@ from pipeline.leases.camera_leases import lease_probes
 from pipeline.ledger.earlier_runs import drain
 from pipeline.ledger.summary import RunSummary
 from pipeline.serve.control import CameraView
+from pipeline.serve.metrics import OutputsCollector
 from pipeline.supervisor.boundary import composing, run_errors
 from pipeline.supervisor.builders import check_run_mode, load_detector
 from pipeline.supervisor.cameras import FixedCameras, LiveCameras
 from pipeline.supervisor.decoders import DecoderSupervisor
 from pipeline.supervisor.detectors import DetectorPool, PoolResources
 from pipeline.supervisor.endpoint import bind_http, start_http
+from pipeline.supervisor.outputs import OutputsPart
 from pipeline.supervisor.part import Part
 from pipeline.supervisor.services import Services, open_services
 from pipeline.supervisor.status_events import EventRelay
@@ -121,6 +123,7 @@ class Pipeline:
             events = EventRelay(services, on_event)
             sink = _open_sink(config, services, stack)
             snapshots = _snapshot_store(config)
+            outputs = _open_outputs(config, services, stack)  # a refused password: exit 2 now
             # what an earlier run left, before any decoder of this run can trim it away
             cameras = [camera.id for camera in config.cameras]
             drain(
@@ -164,7 +167,7 @@ class Pipeline:
                 stop=stop,
                 services=services,
                 stack=stack,
-                parts=[decoders, live_cameras, pool, events],
+                parts=[decoders, live_cameras, pool, events, outputs],
                 ends_with=pool,
                 http_url=http_url,
             )
@@ -238,6 +241,7 @@ class Pipeline:
             events = EventRelay(services, on_event)
             sink = _open_sink(config, services, stack)
             snapshots = _snapshot_store(config)
+            outputs = _open_outputs(config, services, stack)  # a refused password: exit 2 now
             pool = DetectorPool.leased(
                 config,
                 _pool_resources(services, sink, config, snapshots),
@@ -264,7 +268,7 @@ class Pipeline:
                 stop=stop,
                 services=services,
                 stack=stack,
-                parts=[pool, events],
+                parts=[pool, events, outputs],
                 ends_with=pool,
                 http_url=http_url,
             )
@@ -339,6 +343,21 @@ def _open_sink(config: Config, services: Services, stack: ExitStack) -> Detectio
     sink = open_sinks(config.sinks, context)
     stack.callback(sink.close)  # after the workers stopped writing
     return sink
+
+
+def _open_outputs(config: Config, services: Services, stack: ExitStack) -> OutputsPart:
+    """The relay of analytics events to the config's outputs (none: it reads nothing); it
+    follows the cameras the run knows, those added through the API too."""
+    outputs = OutputsPart(
+        config.outputs,
+        client=services.client,
+        keys=services.keys,
+        cameras=lambda: list(services.states.states()),
+    )
+    stack.callback(outputs.stop)
+    if config.outputs:
+        services.registry.register(OutputsCollector(outputs.stats))
+    return outputs
 
 
 def _snapshot_store(config: Config) -> SnapshotStore:

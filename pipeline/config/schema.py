@@ -20,6 +20,7 @@ from pipeline.config.batching import BatchingConfig
 from pipeline.config.cameras import CameraConfig
 from pipeline.config.errors import Problem, clip, fail, fail_at
 from pipeline.config.fields import MODEL_CONFIG, Finite, key_part, resolve_path
+from pipeline.config.outputs import Outputs
 from streams.redis_connect import DEFAULT_RECONNECT_TIMEOUT_S
 from streams.sinks import DEFAULT_SINK, default_sinks, sink_options_models
 
@@ -296,6 +297,7 @@ class Config(BaseModel):
         description="Where detections go, each written before a frame is acknowledged "
         "(kinds: one per module in streams/sinks/); default: redis_streams",
     )
+    outputs: Outputs = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _check_sinks(self) -> Config:

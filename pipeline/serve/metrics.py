@@ -18,8 +18,8 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -34,6 +34,9 @@ from prometheus_client.registry import Collector
 from pipeline.telemetry import DetectedFrame, Telemetry
 from streams.messages import Timestamps
 from streams.object_events import ObjectEvent
+
+if TYPE_CHECKING:
+    from streams.outputs.relay import OutputStats
 
 log = logging.getLogger(__name__)
 disable_created_metrics()  # no *_created series: dashboards and alerts never use them
@@ -327,3 +330,43 @@ class NvmlGpus:
             used.add_metric([gpu], memory.used)
             total.add_metric([gpu], memory.total)
         yield from (utilization, used, total)
+
+
+class OutputsCollector(Collector):
+    """Each output's delivered and dropped events, read at scrape time from the relay (its
+    counts are this process's; backlog and pending are the output's group's, whole)."""
+
+    def __init__(self, stats: Callable[[], Mapping[str, OutputStats]]):
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        delivered = CounterMetricFamily(
+            "framebatch_output_events_delivered",
+            "Analytics events the output's receiver acknowledged (by this process)",
+            labels=["output", "kind"],
+        )
+        dropped = CounterMetricFamily(
+            "framebatch_output_events_dropped",
+            "Analytics events an output will never deliver, by cause: trimmed (the events "
+            "stream's cap removed them while the output was away), rejected (the receiver "
+            "refused them), malformed",
+            labels=["output", "kind", "cause"],
+        )
+        backlog = GaugeMetricFamily(
+            "framebatch_output_backlog",
+            "Analytics events waiting for the output: not read yet, or read and not yet "
+            "acknowledged by its receiver",
+            labels=["output", "kind"],
+        )
+        failing = GaugeMetricFamily(
+            "framebatch_output_failing",
+            "1 while the output's last delivery failed (its receiver is away)",
+            labels=["output", "kind"],
+        )
+        for name, stats in self._stats().items():
+            delivered.add_metric([name, stats.kind], stats.delivered)
+            for cause, count in stats.dropped.items():
+                dropped.add_metric([name, stats.kind, cause], count)
+            backlog.add_metric([name, stats.kind], stats.backlog + stats.pending)
+            failing.add_metric([name, stats.kind], float(stats.failing))
+        yield from (delivered, dropped, backlog, failing)

@@ -207,7 +207,8 @@ class Stack:
 @pytest.fixture
 def stack(assets, redis_url, prefix, tmp_path) -> Iterator[Stack]:
     """``framebatch run`` (one looping camera with a line and a zone, and one whose frames all
-    go stale, so that the analytics and drop panels have data) scraped every second by ``prometheus`` with the real alert rules."""
+    go stale, so that the analytics and drop panels have data) scraped every second by
+    ``prometheus`` with the real alert rules."""
     prometheus_bin = require("prometheus")
     if not MODEL_ANY_SIZE.is_file():
         pytest.skip(f"model not found: {MODEL_ANY_SIZE}")

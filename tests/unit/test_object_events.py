@@ -7,27 +7,9 @@ import json
 import pytest
 
 from streams.object_events import ObjectEvent
+from tests.object_events import sample_event
 
-
-def event(**changes) -> ObjectEvent:
-    values = dict(
-        kind="line_cross",
-        camera="gate-1",
-        session="ab12",
-        seq=41,
-        index=2,
-        pts=1.4,
-        time=1_700_000_000.25,
-        track_id=7,
-        class_id=2,
-        label="car",
-        score=0.875,
-        box=(10.0, 20.5, 110.25, 220.0),
-        region="north",
-        direction="in",
-        dwell_s=None,
-    )
-    return ObjectEvent(**{**values, **changes})
+event = sample_event
 
 
 @pytest.mark.parametrize(

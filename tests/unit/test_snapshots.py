@@ -18,6 +18,7 @@ from pipeline.config.analytics import AnalyticsConfig, SnapshotConfig
 from pipeline.config.errors import ConfigError
 from pipeline.config.loading import parse_config
 from streams.object_events import ObjectEvent
+from tests.object_events import sample_event
 
 # a 960x540 frame letterboxed to 640x640: scale 2/3, 140 rows of padding above and below
 GEOMETRY = LetterboxGeometry(width=960, height=540, scale=2 / 3, pad_x=0, pad_y=140)
@@ -29,21 +30,8 @@ def picture() -> FramePicture:
     return FramePicture(pixels, GEOMETRY)
 
 
-def event(box=(300.0, 150.0, 450.0, 300.0), kind="line_cross") -> ObjectEvent:
-    return ObjectEvent(
-        kind=kind,
-        camera="road",
-        session="s1",
-        seq=7,
-        index=0,
-        pts=0.7,
-        time=1000.0,
-        track_id=3,
-        class_id=2,
-        label="car",
-        score=0.9,
-        box=box,
-    )
+def event(box=(300.0, 150.0, 450.0, 300.0)) -> ObjectEvent:
+    return sample_event(camera="road", session="s1", seq=7, index=0, track_id=3, box=box)
 
 
 def decoded(jpeg: bytes) -> np.ndarray:

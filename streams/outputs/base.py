@@ -1,0 +1,113 @@
+"""The ``EventOutput`` port: where analytics events go once they are in Redis (an MQTT broker, a
+webhook), and what the relay (:mod:`.relay`) needs to know of each.
+
+``deliver`` returns only once the receiver acknowledged every event it was given (an MQTT
+PUBACK at QoS 1, an HTTP 2xx); the relay acknowledges the events' stream entries after that.  A
+crash in between delivers them again, never loses one: receivers de-duplicate by the event's
+``id``.  ``deliver`` raises :class:`OutputUnavailable` when the receiver is away (the relay
+retries the same events later) and :class:`OutputRejected` when it refuses them for good (the
+relay counts them dropped, cause ``rejected``, and goes on).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
+
+from streams.object_events import ObjectEvent
+
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+class OutputOptions(BaseModel):
+    """An output's settings in the config (``outputs:`` entries); ``kind`` names the output.
+    What every output has: a name (its consumer group) and how the relay feeds it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+    kind: str
+    name: str | None = Field(
+        None,
+        description="Unique among the outputs; its events are read through the consumer group "
+        "output:<name> (default: the kind)",
+    )
+    batch_size: int = Field(50, ge=1, le=500, description="Most events per delivery")
+    claim_idle_s: float = Field(
+        60.0,
+        ge=1,
+        le=3600,
+        allow_inf_nan=False,
+        description="Events read by a process that stopped acknowledging for this long are "
+        "taken over by another (a process that died before delivering them)",
+    )
+    retry_max_s: float = Field(
+        30.0,
+        ge=0.1,
+        le=600,
+        allow_inf_nan=False,
+        description="Longest wait between tries while the receiver is away (exponential "
+        "backoff with jitter up to this)",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, name: str | None) -> str | None:
+        if name is not None and not _NAME.fullmatch(name):
+            raise PydanticCustomError(
+                "config",
+                "invalid output name: use 1-64 letters, digits, '_', '.' or '-' "
+                "(it becomes part of a Redis consumer group's name)",
+            )
+        return name
+
+    @property
+    def output_name(self) -> str:
+        return self.name or self.kind
+
+
+class EventOutput(Protocol):
+    """Delivers analytics events to one receiver; used by one relay thread at a time, but
+    ``close`` may come from another thread while ``deliver`` runs (it then raises
+    ``OutputUnavailable`` promptly)."""
+
+    name: str
+
+    def deliver(self, events: Sequence[ObjectEvent]) -> None:
+        """Returns once the receiver acknowledged every event; raises ``OutputUnavailable``
+        (try again later) or ``OutputRejected`` (never will be accepted) otherwise."""
+
+    def close(self) -> None:
+        """Release the connection; legal in every state, more than once."""
+
+
+class OutputError(Exception):
+    """An output could not be opened: bad input at start (a refused password, a missing
+    secret).  Messages never hold a password."""
+
+
+class OutputUnavailable(Exception):
+    """The receiver is away or did not acknowledge in time: the events are tried again."""
+
+
+class OutputRejected(Exception):
+    """The receiver refused the events (an HTTP 4xx other than 408/429): trying again would
+    not change its answer, so they are counted dropped with cause ``rejected``."""
+
+
+def backoff_delay(
+    attempt: int,
+    *,
+    base_s: float,
+    max_s: float,
+    rand: Callable[[float, float], float] = random.uniform,
+) -> float:
+    """Seconds to wait before try ``attempt + 1`` (``attempt`` >= 1 failures so far):
+    exponential from ``base_s``, capped at ``max_s``, with "equal jitter" (between half the
+    step and the step) so that many processes retrying a receiver that came back do not all
+    knock at once."""
+    step = min(max_s, base_s * 2 ** min(max(attempt - 1, 0), 32))
+    return rand(step / 2, step)

@@ -1,0 +1,207 @@
+"""Events to an HTTP endpoint: each batch POSTed as ``{"events": [...]}`` (each event as
+``ObjectEvent.to_json`` writes it), signed with HMAC-SHA256 when a secret is set.
+
+Headers: ``Content-Type: application/json``, ``X-Framebatch-Event-Ids`` (the batch's ids,
+comma-separated, for de-duplication before parsing) and, with a secret,
+``X-Framebatch-Signature: sha256=<hex HMAC-SHA256 of the body>``.
+
+A 2xx delivers the batch.  A 408, a 429, a 5xx, a timeout or a refused connection is the
+receiver away: tried ``retries`` more times with exponential backoff (``Retry-After`` honoured,
+up to ``backoff_max_s``), then ``OutputUnavailable`` (the relay tries again later).  Any other
+answer (a 4xx, a redirect: POSTs are never redirected) is the receiver refusing the batch:
+``OutputRejected``.  Uses the standard library's HTTP client (httpx is no core dependency).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from email.utils import parsedate_to_datetime
+from time import time
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_core import PydanticCustomError
+
+from streams.object_events import ObjectEvent
+from streams.outputs.base import (
+    OutputError,
+    OutputOptions,
+    OutputRejected,
+    OutputUnavailable,
+    backoff_delay,
+)
+from streams.urls import redact_url
+
+SIGNATURE_HEADER = "X-Framebatch-Signature"
+EVENT_IDS_HEADER = "X-Framebatch-Event-Ids"
+RETRY_STATUSES = frozenset({408, 429})  # and every 5xx
+
+
+class Options(OutputOptions):
+    kind: Literal["webhook"] = "webhook"
+    url: str = Field(repr=False, description="http:// or https:// URL each batch is POSTed to")
+    secret: SecretStr | None = Field(
+        None,
+        description="HMAC-SHA256 key of X-Framebatch-Signature (write ${VAR} to take it from "
+        "the environment); unset: no signature unless secret_env is set",
+    )
+    secret_env: str | None = Field(
+        None, description="Name of an environment variable holding the secret, read at start"
+    )
+    headers: dict[str, str] = Field(
+        default_factory=dict, repr=False, description="More request headers (Authorization...)"
+    )
+    timeout_s: float = Field(
+        10.0, gt=0, le=300, allow_inf_nan=False, description="Per request, connect and answer"
+    )
+    retries: int = Field(
+        3, ge=0, le=20, description="Tries after a failed one before the relay's longer wait"
+    )
+    backoff_base_s: float = Field(
+        0.5, gt=0, le=60, allow_inf_nan=False, description="First wait between tries"
+    )
+    backoff_max_s: float = Field(
+        10.0, gt=0, le=300, allow_inf_nan=False, description="Longest wait between tries"
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise PydanticCustomError("config", "must be an http:// or https:// URL with a host")
+        return url
+
+
+def sign(body: bytes, secret: bytes) -> str:
+    """The ``X-Framebatch-Signature`` value of ``body``: ``sha256=<hex HMAC-SHA256>``."""
+    return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+
+
+def verify(body: bytes, secret: bytes, signature: str) -> bool:
+    """What a receiver does (constant-time comparison)."""
+    return hmac.compare_digest(sign(body, secret), signature)
+
+
+def batch_body(events: Sequence[ObjectEvent]) -> bytes:
+    return json.dumps({"events": [e.to_json() for e in events]}, separators=(",", ":")).encode()
+
+
+def is_retryable(status: int) -> bool:
+    """The receiver is away (try again), as opposed to refusing the batch."""
+    return status in RETRY_STATUSES or status >= 500
+
+
+def retry_after_s(value: str | None, *, now: float | None = None) -> float | None:
+    """Seconds a ``Retry-After`` header asks to wait (delta seconds or an HTTP date)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(0.0, when - (time() if now is None else now))
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """urllib would follow a 301/302/303 to a POST with a GET without the body, and take the
+    GET's 200 for a delivery: every redirect is an answer of its own here."""
+
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+class WebhookOutput:
+    def __init__(self, options: Options, *, secret: bytes | None):
+        self.name = options.output_name
+        self._options = options
+        self._secret = secret
+        self._where = redact_url(options.url)
+        self._closed = threading.Event()
+        self._opener = urllib.request.build_opener(_NoRedirects())
+
+    def deliver(self, events: Sequence[ObjectEvent]) -> None:
+        if not events:
+            return
+        body = batch_body(events)
+        headers = {
+            **self._options.headers,
+            "Content-Type": "application/json",
+            "User-Agent": "framebatch",
+            EVENT_IDS_HEADER: ",".join(event.id for event in events),
+        }
+        if self._secret is not None:
+            headers[SIGNATURE_HEADER] = sign(body, self._secret)
+        attempt = 0
+        while True:
+            if self._closed.is_set():
+                raise OutputUnavailable(f"webhook {self.name!r} closed")
+            wait_s, problem = self._post(body, headers)
+            if wait_s is None:
+                return
+            attempt += 1
+            if attempt > self._options.retries:
+                raise OutputUnavailable(problem)
+            delay = backoff_delay(
+                attempt, base_s=self._options.backoff_base_s, max_s=self._options.backoff_max_s
+            )
+            if self._closed.wait(min(max(delay, wait_s), self._options.backoff_max_s)):
+                raise OutputUnavailable(f"webhook {self.name!r} closed")
+
+    def _post(self, body: bytes, headers: Mapping[str, str]) -> tuple[float | None, str]:
+        """(None, "") once delivered; (seconds the receiver asked to wait, the problem) when
+        it is away; raises ``OutputRejected`` when it refuses."""
+        request = urllib.request.Request(
+            self._options.url, data=body, headers=dict(headers), method="POST"
+        )
+        try:
+            with self._opener.open(request, timeout=self._options.timeout_s) as response:
+                response.read()
+                status = response.status
+        except urllib.error.HTTPError as exc:
+            status = exc.code
+            reason = f"webhook {self._where} answered HTTP {status}"
+            exc.close()
+            if is_retryable(status):
+                return retry_after_s(exc.headers.get("Retry-After")) or 0.0, reason
+            raise OutputRejected(reason) from None
+        except (urllib.error.URLError, OSError) as exc:
+            cause = getattr(exc, "reason", exc)
+            return 0.0, redact_url(f"webhook {self._where} unreachable: {cause}")
+        if 200 <= status < 300:
+            return None, ""
+        raise OutputRejected(f"webhook {self._where} answered HTTP {status}")
+
+    def close(self) -> None:
+        self._closed.set()
+
+
+def secret_of(options: Options, environ: Mapping[str, str] | None = None) -> bytes | None:
+    """The signing key: ``secret``, else the variable ``secret_env`` names (unset: bad input)."""
+    if options.secret is not None:
+        return options.secret.get_secret_value().encode()
+    if options.secret_env is None:
+        return None
+    value = (os.environ if environ is None else environ).get(options.secret_env)
+    if not value:
+        raise OutputError(
+            f"webhook output {options.output_name!r}: environment variable "
+            f"{options.secret_env!r} (secret_env) is not set"
+        )
+    return value.encode()
+
+
+def open_output(options: Options) -> WebhookOutput:
+    """Nothing is sent at start: a receiver away is an outage the relay waits out."""
+    return WebhookOutput(options, secret=secret_of(options))
