@@ -26,6 +26,10 @@ EVENT_KINDS: tuple[EventKind, ...] = (
 )
 
 
+class NewerSchema(ValueError):
+    """An event a newer framebatch wrote (a rolling upgrade): for a newer reader, not lost."""
+
+
 @dataclass(frozen=True)
 class ObjectEvent:
     """Something a tracked object did in one frame of one camera."""
@@ -88,6 +92,8 @@ class ObjectEvent:
     @classmethod
     def from_fields(cls, fields: Fields) -> ObjectEvent:
         version = int(fields.get(b"v", b"0"))
+        if version > SCHEMA_VERSION:
+            raise NewerSchema(f"event schema version {version}: written by a newer framebatch")
         if version != SCHEMA_VERSION:
             raise ValueError(f"unsupported event schema version {version}")
 

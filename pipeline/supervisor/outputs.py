@@ -17,6 +17,7 @@ from streams.urls import redact_url
 #: How long the stop waits for a delivery in flight (it is acknowledged if it ends in time;
 #: else it is delivered again by the next run: at least once).
 STOP_TIMEOUT_S = 5.0
+MIN_REDIS_MAJOR = 7
 
 
 class OutputsPart(Part):
@@ -32,6 +33,8 @@ class OutputsPart(Part):
         keys: StreamKeys,
         cameras: Callable[[], Iterable[str]],
     ):
+        if outputs:
+            _check_redis_version(client)
         try:
             self._relay = OutputRelay(outputs, redis_client=client, keys=keys, cameras=cameras)
         except OutputError as exc:
@@ -47,3 +50,17 @@ class OutputsPart(Part):
     def stats(self) -> dict[str, OutputStats]:
         """Each output's counts now: delivered, dropped by cause, backlog, last error."""
         return self._relay.stats()
+
+
+def _check_redis_version(client: redis.Redis) -> None:
+    """The relay counts trimmed events with Redis 7's stream counters: an older server is bad
+    input at start, not a relay that fails at every poll."""
+    info = client.info("server")
+    if "redis_version" not in info:  # a cluster client: one answer per node
+        info = next(iter(info.values()), {})
+    found = str(info.get("redis_version", "0"))
+    if int(found.split(".")[0]) < MIN_REDIS_MAJOR:
+        raise BadInput(
+            f"outputs need Redis {MIN_REDIS_MAJOR}.0 or later (stream entries-read counters, "
+            f"XAUTOCLAIM's deleted entries); this Redis is {found}"
+        )

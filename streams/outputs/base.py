@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from streams.object_events import ObjectEvent
@@ -37,7 +37,7 @@ class OutputOptions(BaseModel):
     )
     batch_size: int = Field(50, ge=1, le=500, description="Most events per delivery")
     claim_idle_s: float = Field(
-        60.0,
+        120.0,
         ge=1,
         le=3600,
         allow_inf_nan=False,
@@ -67,6 +67,23 @@ class OutputOptions(BaseModel):
     @property
     def output_name(self) -> str:
         return self.name or self.kind
+
+    def longest_delivery_s(self) -> float:
+        """The longest one ``deliver`` call can take (its tries, timeouts and waits)."""
+        return 0.0
+
+    @model_validator(mode="after")
+    def _check_claim_idle(self) -> OutputOptions:
+        longest = self.longest_delivery_s()
+        if self.claim_idle_s <= longest:
+            raise PydanticCustomError(
+                "config",
+                f"claim_idle_s ({self.claim_idle_s:g}) must be longer than one delivery can "
+                f"take ({longest:g} s with these tries and timeouts): else another process "
+                "takes the events over while they are being delivered, and they are delivered "
+                "twice",
+            )
+        return self
 
 
 class EventOutput(Protocol):

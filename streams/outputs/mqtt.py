@@ -66,6 +66,9 @@ class Options(OutputOptions):
     reconnect_min_s: int = Field(1, ge=1, le=60, description="First wait before reconnecting")
     reconnect_max_s: int = Field(30, ge=1, le=600, description="Longest wait between tries")
 
+    def longest_delivery_s(self) -> float:
+        return self.publish_timeout_s
+
     @field_validator("url")
     @classmethod
     def _check_url(cls, url: str) -> str:

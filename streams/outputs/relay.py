@@ -33,7 +33,7 @@ from typing import Any
 import redis
 
 from streams.keys import StreamKeys
-from streams.object_events import ObjectEvent
+from streams.object_events import NewerSchema, ObjectEvent
 from streams.outputs import open_output
 from streams.outputs.base import (
     EventOutput,
@@ -108,6 +108,20 @@ return {trimmed, lag, info['pending'] + #entries, entries}
 """
 
 
+#: KEYS[1]: a stream; ARGV: group, consumer, idle ms. Deletes the consumer only if it still
+#: has nothing pending and is still idle: between a look and a delete it could have read.
+FORGET_SCRIPT = """
+for _, flat in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
+  local c = {}
+  for i = 1, #flat, 2 do c[flat[i]] = flat[i + 1] end
+  if c['name'] == ARGV[2] and c['pending'] == 0 and c['idle'] > tonumber(ARGV[3]) then
+    return redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
+  end
+end
+return -1
+"""
+
+
 def _no_group(error: Exception) -> bool:
     """The group (or its stream) is not there yet: the next read makes both."""
     return is_nogroup(error) or "no such key" in str(error).lower()
@@ -179,6 +193,7 @@ class _Feed:
         self._next_claim = 0.0
         self._next_refresh = 0.0
         self._failures = 0
+        self._newer_seen = False  # events of a newer schema, said once
         self._last_refreshed_claim = 0.0
         self.delivered = 0
         self.dropped: Counter[str] = Counter()
@@ -235,7 +250,13 @@ class _Feed:
         read: list[_Entry] = []
         malformed: dict[str, list[bytes]] = {}
         trimmed = 0
-        for key, (gone, lag, pending, entries) in zip(streams, tx.execute(), strict=True):
+        failure: Exception | None = None
+        # each stream's script ran whether another failed or not: take what each read
+        for key, reply in zip(streams, tx.execute(raise_on_error=False), strict=True):
+            if isinstance(reply, Exception):
+                failure = failure or reply
+                continue
+            gone, lag, pending, entries = reply
             trimmed += gone
             self._groups[key] = (lag, pending)
             for entry_id, flat in entries:
@@ -245,6 +266,8 @@ class _Feed:
         self._held += read
         if malformed:
             self._acknowledge(malformed)
+        if failure is not None:
+            raise failure
 
     def _claim(self, streams: Sequence[str]) -> None:
         """Entries read by a consumer idle for ``claim_idle_s`` (a process that died) and
@@ -285,8 +308,10 @@ class _Feed:
                 name = consumer["name"]
                 name = name.decode() if isinstance(name, bytes) else name
                 if name != self._consumer and not consumer["pending"]:
-                    if consumer["idle"] > idle_ms:
-                        forget.on(key).xgroup_delconsumer(key, self._group, name)
+                    if consumer["idle"] > idle_ms:  # checked again in one step with the delete
+                        forget.on(key).execute_command(
+                            "EVAL", FORGET_SCRIPT, 1, key, self._group, name, idle_ms
+                        )
                         forgotten += 1
         if forgotten:
             forget.execute(raise_on_error=False)
@@ -311,6 +336,16 @@ class _Feed:
     ) -> None:
         try:
             into.append(_Entry(key, entry_id, ObjectEvent.from_fields(fields)))
+        except NewerSchema as exc:
+            # a rolling upgrade: left pending (never acknowledged) for a newer process of the
+            # group to claim once idle; said once
+            if not self._newer_seen:
+                self._newer_seen = True
+                log.warning(
+                    "output %r: %s; left for a newer framebatch of this group to deliver",
+                    self.output.name,
+                    exc,
+                )
         except (ValueError, KeyError, TypeError) as exc:
             log.warning(
                 "output %r: entry %s of %s is no event (%s): dropped",

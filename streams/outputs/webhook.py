@@ -5,11 +5,15 @@ Headers: ``Content-Type: application/json``, ``X-Framebatch-Event-Ids`` (the bat
 comma-separated, for de-duplication before parsing) and, with a secret,
 ``X-Framebatch-Signature: sha256=<hex HMAC-SHA256 of the body>``.
 
-A 2xx delivers the batch.  A 408, a 429, a 5xx, a timeout or a refused connection is the
-receiver away: tried ``retries`` more times with exponential backoff (``Retry-After`` honoured,
-up to ``backoff_max_s``), then ``OutputUnavailable`` (the relay tries again later).  Any other
-answer (a 4xx, a redirect: POSTs are never redirected) is the receiver refusing the batch:
-``OutputRejected``.  Uses the standard library's HTTP client (httpx is no core dependency).
+A 2xx delivers the batch.  400, 410 and 422 are the receiver refusing this batch's content:
+``OutputRejected`` (counted dropped, cause ``rejected``).  413 (too large) splits the batch in
+halves, down to single events (one event refused as too large is rejected).  Any other answer
+(408, 429, 5xx, 401/403 after a rotated token, 404 while a receiver is redeployed, a redirect:
+POSTs are never redirected), a timeout or a refused connection is the receiver away: tried
+``retries`` more times with exponential backoff (``Retry-After`` honoured, up to
+``backoff_max_s``), then ``OutputUnavailable`` (the relay tries again later, the events wait).
+The ids header is left out of a batch whose ids would pass 4 KB (proxies cap headers at 8 KB).
+Uses the standard library's HTTP client (httpx is no core dependency).
 """
 
 from __future__ import annotations
@@ -42,7 +46,10 @@ from streams.urls import redact_url
 
 SIGNATURE_HEADER = "X-Framebatch-Signature"
 EVENT_IDS_HEADER = "X-Framebatch-Event-Ids"
-RETRY_STATUSES = frozenset({408, 429})  # and every 5xx
+#: the receiver refuses this batch's content: sending it again cannot help
+REJECTED_STATUSES = frozenset({400, 410, 422})
+TOO_LARGE = 413
+MAX_IDS_HEADER = 4096
 
 
 class Options(OutputOptions):
@@ -72,6 +79,9 @@ class Options(OutputOptions):
         10.0, gt=0, le=300, allow_inf_nan=False, description="Longest wait between tries"
     )
 
+    def longest_delivery_s(self) -> float:
+        return (self.retries + 1) * self.timeout_s + self.retries * self.backoff_max_s
+
     @field_validator("url")
     @classmethod
     def _check_url(cls, url: str) -> str:
@@ -96,8 +106,8 @@ def batch_body(events: Sequence[ObjectEvent]) -> bytes:
 
 
 def is_retryable(status: int) -> bool:
-    """The receiver is away (try again), as opposed to refusing the batch."""
-    return status in RETRY_STATUSES or status >= 500
+    """The receiver is away or not ready (try again), as opposed to refusing the batch."""
+    return status not in REJECTED_STATUSES and status != TOO_LARGE
 
 
 def retry_after_s(value: str | None, *, now: float | None = None) -> float | None:
@@ -134,13 +144,25 @@ class WebhookOutput:
     def deliver(self, events: Sequence[ObjectEvent]) -> None:
         if not events:
             return
+        try:
+            self._deliver(events)
+        except _TooLarge as exc:
+            if len(events) == 1:
+                raise OutputRejected(str(exc)) from None
+            half = len(events) // 2
+            self.deliver(events[:half])
+            self.deliver(events[half:])
+
+    def _deliver(self, events: Sequence[ObjectEvent]) -> None:
         body = batch_body(events)
         headers = {
             **self._options.headers,
             "Content-Type": "application/json",
             "User-Agent": "framebatch",
-            EVENT_IDS_HEADER: ",".join(event.id for event in events),
         }
+        ids = ",".join(event.id for event in events)
+        if len(ids) <= MAX_IDS_HEADER:
+            headers[EVENT_IDS_HEADER] = ids
         if self._secret is not None:
             headers[SIGNATURE_HEADER] = sign(body, self._secret)
         attempt = 0
@@ -173,6 +195,8 @@ class WebhookOutput:
             status = exc.code
             reason = f"webhook {self._where} answered HTTP {status}"
             exc.close()
+            if status == TOO_LARGE:
+                raise _TooLarge(reason) from None
             if is_retryable(status):
                 return retry_after_s(exc.headers.get("Retry-After")) or 0.0, reason
             raise OutputRejected(reason) from None
@@ -181,10 +205,14 @@ class WebhookOutput:
             return 0.0, redact_url(f"webhook {self._where} unreachable: {cause}")
         if 200 <= status < 300:
             return None, ""
-        raise OutputRejected(f"webhook {self._where} answered HTTP {status}")
+        return 0.0, f"webhook {self._where} answered HTTP {status}"  # 1xx/3xx: not delivered
 
     def close(self) -> None:
         self._closed.set()
+
+
+class _TooLarge(Exception):
+    """413: the batch is to be sent in smaller parts."""
 
 
 def secret_of(options: Options, environ: Mapping[str, str] | None = None) -> bytes | None:

@@ -99,6 +99,8 @@ class Receiver:
     def __init__(self) -> None:
         self.requests: list[tuple[dict[str, str], bytes]] = []
         self.status: int = 200
+        self.max_events: int | None = None  # more in one request: 413
+        self.answered: list[int] = []  # the status of each request
         self.hold = threading.Event()  # set: each request waits until released
         self.released = threading.Event()
         self.lock = threading.Lock()
@@ -109,9 +111,19 @@ class Receiver:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 with receiver.lock:
                     receiver.requests.append((dict(self.headers.items()), body))
+                    receiver.answered.append(
+                        413
+                        if receiver.max_events is not None
+                        and len(json.loads(body)["events"]) > receiver.max_events
+                        else receiver.status
+                    )
                 if receiver.hold.is_set():
                     receiver.released.wait(30)
-                self.send_response(receiver.status)
+                status = receiver.status
+                limit = receiver.max_events
+                if limit is not None and len(json.loads(body)["events"]) > limit:
+                    status = 413
+                self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
@@ -124,10 +136,15 @@ class Receiver:
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
-    def received(self) -> list[str]:
-        """Every event id of every request, repeats included, in order."""
+    def received(self, status: int | None = None) -> list[str]:
+        """Every event id of every request (answered ``status``, if given), repeats included,
+        in order."""
         with self.lock:
-            bodies = [body for _, body in self.requests]
+            bodies = [
+                body
+                for (_, body), answer in zip(self.requests, self.answered, strict=True)
+                if status is None or answer == status
+            ]
         return [e["id"] for body in bodies for e in json.loads(body)["events"]]
 
     def close(self) -> None:
@@ -355,7 +372,9 @@ def test_mqtt_broker_restarted_mid_run_loses_nothing(
     watcher.close()
 
 
-def test_mqtt_wrong_password_is_one_clear_line_without_it(broker: Mosquitto):
+def test_mqtt_wrong_password_is_one_clear_line_without_it(
+    broker: Mosquitto, redis_client: redis.Redis
+):
     wrong = "not-the-Pa55word"
     options = mqtt.Options(url=broker.url(password=wrong))
     with pytest.raises(OutputError) as caught:
@@ -368,7 +387,7 @@ def test_mqtt_wrong_password_is_one_clear_line_without_it(broker: Mosquitto):
 
     # in a run: bad input at start, exit 2, the same line
     with pytest.raises(BadInput) as at_start:
-        OutputsPart([options], client=None, keys=StreamKeys("x"), cameras=list)  # type: ignore[arg-type]
+        OutputsPart([options], client=redis_client, keys=StreamKeys("x"), cameras=list)
     assert str(at_start.value) == message
 
 
@@ -466,7 +485,7 @@ from streams.outputs import webhook
 from streams.outputs.relay import OutputRelay
 url, prefix, hook = sys.argv[1:4]
 relay = OutputRelay(
-    [webhook.Options(url=hook, batch_size=5, timeout_s=60)],
+    [webhook.Options(url=hook, batch_size=5, timeout_s=60, retries=0)],
     redis_client=redis.Redis.from_url(url), keys=StreamKeys(prefix), cameras=lambda: ["door"],
     consumer="doomed",
 )
@@ -505,7 +524,9 @@ def test_a_relay_killed_before_its_ack_repeats_and_never_loses(
 
     receiver.hold.clear()
     receiver.released.set()
-    options = webhook.Options(url=receiver.url, batch_size=5, claim_idle_s=1)
+    options = webhook.Options(
+        url=receiver.url, batch_size=5, claim_idle_s=1, timeout_s=0.5, retries=0
+    )
     relay = relay_of(relays, redis_client, keys, lambda: ["door"], options)
     wait_for(lambda: set(receiver.received()) == ids(written), "every event after the crash")
     wait_for(lambda: relay.stats()["webhook"].delivered == len(written), "the claimed ones too")
@@ -614,3 +635,26 @@ def test_a_daemon_delivers_its_cameras_events_to_mqtt_and_a_webhook(
     assert len(stored) == stored_count
     assert "framebatch_output_events_dropped_total{" not in metrics
     client.close()
+
+
+def test_webhook_away_answers_wait_and_a_batch_too_large_is_split(
+    redis_client: redis.Redis, prefix: str, receiver: Receiver, relays: list[OutputRelay]
+):
+    """A 404 (a receiver being redeployed) is the receiver away: the events wait and are
+    delivered once it is back, none dropped; a 413 splits the batch until it fits."""
+    keys = StreamKeys(prefix)
+    written = events_of("door", range(1, 21))
+    write(redis_client, keys, written)
+    receiver.status = 404
+    options = webhook.Options(url=receiver.url, retries=0, batch_size=10, retry_max_s=0.2)
+    relay = relay_of(relays, redis_client, keys, lambda: ["door"], options)
+    wait_for(lambda: relay.stats()["webhook"].failing, "the output failing on 404")
+    assert relay.stats()["webhook"].delivered == 0 and not relay.stats()["webhook"].dropped
+
+    receiver.max_events = 3  # back, behind a proxy that takes at most 3 events a request
+    receiver.status = 200
+    wait_for(lambda: relay.stats()["webhook"].delivered == len(written), "every event")
+    delivered = receiver.received(status=200)
+    assert sorted(delivered) == sorted(ids(written)) and len(delivered) == len(written)
+    assert 413 in receiver.answered
+    assert not relay.stats()["webhook"].dropped

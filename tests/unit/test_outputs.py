@@ -13,6 +13,8 @@ from pydantic import BaseModel, Field, ValidationError
 from pipeline.config.errors import format_validation_errors
 from pipeline.config.fields import MODEL_CONFIG
 from pipeline.config.outputs import Outputs
+from pipeline.errors import BadInput
+from pipeline.supervisor.outputs import _check_redis_version
 from streams.object_events import ObjectEvent
 from streams.outputs import output_modules, output_options_models
 from streams.outputs.base import OutputError, backoff_delay
@@ -161,7 +163,10 @@ def test_webhook_signature_is_the_hmac_of_the_body():
 @pytest.mark.parametrize(
     ("status", "retry"),
     [(500, True), (502, True), (503, True), (408, True), (429, True)]
-    + [(400, False), (401, False), (404, False), (413, False), (422, False), (301, False)],
+    # a rotated token, a receiver being redeployed, a moved URL: away, the events wait
+    + [(401, True), (403, True), (404, True), (301, True)]
+    # the receiver refuses the content (413: split, then refused alone)
+    + [(400, False), (410, False), (413, False), (422, False)],
 )
 def test_webhook_answers_that_are_tried_again(status: int, retry: bool):
     assert is_retryable(status) is retry
@@ -198,3 +203,31 @@ def test_backoff_doubles_up_to_its_cap_with_jitter(attempt: int, step: float):
     assert backoff_delay(attempt, base_s=0.5, max_s=10, rand=highest) == step
     assert backoff_delay(attempt, base_s=0.5, max_s=10, rand=lowest) == step / 2
     assert step / 2 <= backoff_delay(attempt, base_s=0.5, max_s=10) <= step
+
+
+def test_claim_idle_must_outlast_one_delivery():
+    """Else another process takes events over while they are being delivered: named."""
+    with pytest.raises(ValueError, match=r"claim_idle_s \(30\) must be longer .* \(70 s"):
+        WebhookOptions(url="http://x/h", claim_idle_s=30)  # 4 tries x 10 s + 3 waits x 10 s
+    quick = dict(timeout_s=1, retries=1, backoff_max_s=1)
+    assert WebhookOptions(url="http://x/h", claim_idle_s=5, **quick).claim_idle_s == 5
+    with pytest.raises(ValueError, match="claim_idle_s"):
+        MqttOptions(url="mqtt://h", claim_idle_s=5, publish_timeout_s=10)
+
+
+class FakeServerInfo:
+    """``INFO server`` of a Redis of some version (single, or a cluster: one per node)."""
+
+    def __init__(self, version: str, *, cluster: bool = False):
+        self._info = {"redis_version": version}
+        self._cluster = cluster
+
+    def info(self, section: str) -> dict:
+        return {"127.0.0.1:7000": self._info} if self._cluster else self._info
+
+
+@pytest.mark.parametrize("cluster", [False, True])
+def test_outputs_refuse_a_redis_older_than_7_at_start(cluster: bool):
+    with pytest.raises(BadInput, match=r"need Redis 7\.0 or later .* this Redis is 6\.2\.14"):
+        _check_redis_version(FakeServerInfo("6.2.14", cluster=cluster))
+    _check_redis_version(FakeServerInfo("7.0.15", cluster=cluster))
