@@ -20,6 +20,7 @@ import numpy as np
 
 from detectors.postprocess import ImageDetections
 from detectors.preprocess import LetterboxGeometry
+from pipeline.config.analytics import AnalyticsConfig
 from streams.messages import DetectionMessage, Timestamps
 from streams.object_events import ObjectEvent
 
@@ -37,6 +38,8 @@ class DetectedFrame:
     detections: ImageDetections
     #: as published, where analytics ran: filtered, with track ids (drawn instead)
     published: DetectionMessage | None = None
+    #: the analytics settings it was analysed with (its zones and lines are drawn)
+    analytics: AnalyticsConfig | None = None
 
 
 class Telemetry:

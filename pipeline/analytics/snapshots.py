@@ -115,6 +115,15 @@ class SnapshotStore:
         self._sweep_now_and_then()
         return relative
 
+    def read(self, event_id: str) -> bytes | None:
+        """The snapshot of the event with this id, if it is (still) here: read whole, so a
+        sweep after the look cannot turn it into an error."""
+        path = self.path(event_id)
+        try:
+            return None if path is None else path.read_bytes()
+        except FileNotFoundError:
+            return None
+
     def path(self, event_id: str) -> Path | None:
         """The snapshot of the event with this id, if it is (still) here."""
         name = snapshot_name(event_id)
@@ -130,10 +139,17 @@ class SnapshotStore:
         now = time.time() if now is None else now
         files = []
         for folder in self._cameras():
-            for entry in os.scandir(folder):
-                if not entry.is_file():
+            try:
+                entries = list(os.scandir(folder))
+            except FileNotFoundError:  # another host's sweep, or the camera's folder removed
+                continue
+            for entry in entries:
+                try:
+                    if not entry.is_file():
+                        continue
+                    stat = entry.stat()
+                except FileNotFoundError:  # swept by another process meanwhile
                     continue
-                stat = entry.stat()
                 if entry.name.startswith(_PARTIAL):
                     if now - stat.st_mtime > _PARTIAL_STALE_S:
                         Path(entry.path).unlink(missing_ok=True)
@@ -148,7 +164,8 @@ class SnapshotStore:
             Path(path).unlink(missing_ok=True)
             total -= size
             removed += 1
-        self.removed += removed
+        with self._lock:
+            self.removed += removed
         return removed
 
     def _cameras(self) -> list[Path]:
@@ -158,11 +175,16 @@ class SnapshotStore:
             return []
 
     def _sweep_now_and_then(self) -> None:
+        """A sweep on a thread of its own every half minute: it stats every file (slow on a
+        network folder), which the publisher that wrote the snapshot must not wait for."""
         now = time.monotonic()
         with self._lock:
             if now - self._swept < _SWEEP_EVERY_S:
                 return
             self._swept = now
+        threading.Thread(target=self._sweep_logged, name="snapshot-sweep", daemon=True).start()
+
+    def _sweep_logged(self) -> None:
         try:
             removed = self.sweep()
         except OSError as exc:  # a full or read-only disk: the next sweep tries again

@@ -66,6 +66,9 @@ class AnalysedBatch:
     commits: dict[str, AnalyticsCommit] = field(default_factory=dict)
     #: by camera with zones: the tracks in each zone after the batch, by label
     occupancy: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
+    #: by camera: the settings its frames of the batch were analysed with (the live view
+    #: draws these, not what the API was told since)
+    settings: dict[str, AnalyticsConfig] = field(default_factory=dict)
 
     @property
     def events(self) -> list[ObjectEvent]:
@@ -146,7 +149,8 @@ class FrameAnalyser:
             for camera in commits
             if camera in self._cameras and self._configs[camera].zones
         }
-        return AnalysedBatch(analysed, commits, occupancy)
+        used = {m.camera: self._configs[m.camera] for m in analysed if m.camera in self._configs}
+        return AnalysedBatch(analysed, commits, occupancy, used)
 
     def forget(self, cameras: Iterable[str]) -> None:
         """Drop what is held of these cameras (a batch that was not written, a lease that
@@ -168,7 +172,7 @@ class FrameAnalyser:
             if event.kind in settings.kinds:
                 try:
                     path = store.write(event.camera, event.id, render(picture, event, settings))
-                except OSError as exc:
+                except Exception as exc:  # a full disk, a box OpenCV cannot draw: no picture
                     self._snapshot_failures += 1
                     if self._snapshot_failures == 1 or self._snapshot_failures % 1000 == 0:
                         log.warning(

@@ -28,4 +28,6 @@ def key_part(value: str, what: str, max_len: int) -> str:
             f"invalid {what} {clip(value)!r}: use 1-{max_len} letters, digits, '_', '.' or '-' "
             "(it becomes part of Redis keys)"
         )
+    if not value.strip("."):  # '.' and '..' name folders of their own (snapshots)
+        raise fail(f"invalid {what} {value!r}: not dots only")
     return value

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from pathlib import Path
 
 import redis
 
@@ -33,11 +32,18 @@ class EventLog:
         self._snapshots = snapshots
 
     def latest(
-        self, *, camera: str | None = None, kind: str | None = None, limit: int = 50
+        self,
+        *,
+        camera: str | None = None,
+        kind: str | None = None,
+        limit: int = 50,
+        per_camera: int | None = None,
     ) -> list[ObjectEvent]:
-        """Newest first, of one camera or all; events of a newer schema are left out."""
+        """Newest first, of one camera or all (at most ``per_camera`` of each: a busy camera
+        does not push a quiet one's out); events of a newer schema are left out."""
         cameras = [camera] if camera is not None else self._cameras()
-        count = limit if kind is None else limit * _SCAN_FACTOR
+        each = min(limit, per_camera or limit)
+        count = each if kind is None else each * _SCAN_FACTOR
         found: list[ObjectEvent] = []
         for name in cameras:
             entries = self._redis.xrevrange(self._keys.object_events(name), count=count)
@@ -49,10 +55,11 @@ class EventLog:
                     continue
                 if kind is None or event.kind == kind:
                     events.append(event)
-                if len(events) == limit:
+                if len(events) == each:
                     break
             found += events
         return heapq.nlargest(limit, found, key=lambda e: (e.time, e.seq, e.index))
 
-    def snapshot(self, event_id: str) -> Path | None:
-        return None if self._snapshots is None else self._snapshots.path(event_id)
+    def snapshot(self, event_id: str) -> bytes | None:
+        """The event's JPEG, if one was taken and is still kept."""
+        return None if self._snapshots is None else self._snapshots.read(event_id)

@@ -71,10 +71,10 @@ class LiveFrames(Telemetry):
                     by_label[event.label] = max(by_label[event.label], event.count)
 
     def zones_occupied(self, camera: str, occupancy: Mapping[str, Mapping[str, int]]) -> None:
+        """Every zone of the camera, after a batch: a zone no longer in its settings goes."""
         with self._lock:
             counts = self._counts.setdefault(camera, RegionCounts())
-            for zone, by_label in occupancy.items():
-                counts.occupancy[zone] = dict(by_label)
+            counts.occupancy = {zone: dict(by_label) for zone, by_label in occupancy.items()}
 
     def forget(self, camera: str) -> None:
         with self._lock:
@@ -93,19 +93,15 @@ class LiveFrames(Telemetry):
                 {zone: dict(c) for zone, c in counts.occupancy.items()},
             )
 
-    def jpeg(
-        self,
-        camera: str,
-        label: Callable[[int], str] = str,
-        analytics: AnalyticsConfig | None = None,
-    ) -> bytes | None:
-        """The newest frame with its boxes (and the camera's zones and lines, with counts,
-        when ``analytics`` is given) drawn, as JPEG; None before the first."""
+    def jpeg(self, camera: str, label: Callable[[int], str] = str) -> bytes | None:
+        """The newest frame with its boxes (and the zones and lines it was analysed with,
+        with their counts) drawn, as JPEG; None before the first."""
         latest = self.latest(camera)
         if latest is None:
             return None
-        overlay = None if analytics is None else (analytics, self.counts(camera))
-        return draw(latest[0], label, overlay)
+        frame = latest[0]
+        overlay = None if frame.analytics is None else (frame.analytics, self.counts(camera))
+        return draw(frame, label, overlay)
 
 
 def draw(

@@ -106,7 +106,8 @@ class Publisher:
             frames, geometries, results, detections, strict=True
         ):
             tracked = message if self._analyser is not None else None
-            seen = DetectedFrame(q.seq, q.item.image, geometry, result, tracked)
+            used = analysed.settings.get(q.camera) if self._analyser is not None else None
+            seen = DetectedFrame(q.seq, q.item.image, geometry, result, tracked, used)
             self._telemetry.frame_detected(q.camera, message.timestamps, seen)
         # counted last: once a camera's frames are all counted, none is still on its way here
         self._accounting.on_published(

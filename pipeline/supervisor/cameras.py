@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from pipeline.analytics.geometry import FrameGeometry, RegionOutsideFrame
 from pipeline.batching import CameraRules
 from pipeline.config import MAX_CAMERAS_PER_DAEMON, CameraConfig, Config
 from pipeline.config.analytics import AnalyticsConfig
@@ -57,7 +58,7 @@ class FixedCameras:
         return self._analytics(camera)
 
     def set_analytics(self, camera: str, data: Any) -> CameraView:
-        raise CameraNotFound(camera)
+        raise CameraConflict(self._reason)
 
     def remove_camera(self, camera: str) -> CameraView:
         raise CameraNotFound(camera)
@@ -160,6 +161,13 @@ class LiveCameras(Part):
             self._pool.check_analytics(camera_id, settings)
         except BadInput as exc:
             raise ConfigError([str(exc)], "analytics") from None
+        latest = self._live.latest(camera_id)
+        if settings is not None and latest is not None:  # regions beyond its frames
+            g = latest[0].geometry
+            try:
+                FrameGeometry.resolve(settings, g.width, g.height, "analytics")
+            except RegionOutsideFrame as exc:
+                raise ConfigError([str(exc)], "analytics") from None
         camera = self._config.camera(camera_id).model_copy(update={"analytics": settings})
         self._replace(camera)
         self._pool.set_analytics(camera_id, settings)

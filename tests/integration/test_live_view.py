@@ -414,6 +414,11 @@ def test_the_view_draws_zones_and_lines_and_lists_events_with_snapshots_and_edit
     refused = api.put("/api/cameras/lobby/analytics", json=twisted, headers=bearer)
     assert refused.status_code == 422, refused.text
     assert refused.json()["detail"][0].startswith("analytics.zones.bow.polygon:"), refused.text
+    # pixels beyond the lobby's 768x432 frames: refused now, not found at its next frame
+    beyond = {"tracker": {}, "zones": {"far": {"polygon": [[0, 0], [900, 0], [900, 100]]}}}
+    outside = api.put("/api/cameras/lobby/analytics", json=beyond, headers=bearer)
+    assert outside.status_code == 422, outside.text
+    assert "analytics.zones.far: point [900, 0] is outside" in outside.text, outside.text
     changed = api.put("/api/cameras/lobby/analytics", json=line, headers=bearer)
     assert changed.status_code == 200, changed.text
     assert set(changed.json()["settings"]["lines"]) == {"door"}

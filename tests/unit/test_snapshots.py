@@ -14,6 +14,7 @@ import pytest
 
 from detectors.preprocess import LetterboxGeometry
 from pipeline.analytics.snapshots import FramePicture, SnapshotStore, render, snapshot_name
+from pipeline.config import CameraConfig
 from pipeline.config.analytics import AnalyticsConfig, SnapshotConfig
 from pipeline.config.errors import ConfigError
 from pipeline.config.loading import parse_config
@@ -108,3 +109,17 @@ def test_snapshots_need_a_tracker_and_the_folder_follows_the_config():
         parse_config({**data, "snapshots": {"max_size_mb": 0}}, base_dir="/srv", environ={})
     with pytest.raises(ValueError, match="kinds"):
         SnapshotConfig.model_validate({"kinds": ["track_end"]})
+
+
+def test_a_snapshot_swept_after_the_look_is_none_not_an_error(tmp_path):
+    store = SnapshotStore(tmp_path, max_bytes=10**6, max_age_s=3600)
+    relative = store.write("road", "s1:7:0", b"jpeg")
+    assert store.read("s1:7:0") == b"jpeg"
+    (tmp_path / relative).unlink()
+    assert store.read("s1:7:0") is None
+
+
+@pytest.mark.parametrize("camera", [".", ".."])
+def test_a_camera_id_of_dots_is_refused_it_would_name_another_folder(camera):
+    with pytest.raises(ValueError, match="not dots only"):
+        CameraConfig.model_validate({"id": camera, "url": "/x.mp4"})

@@ -20,15 +20,15 @@ def router(pipeline: PipelineHandles, access: Access) -> APIRouter:
 
     def analytics_of(camera: str) -> AnalyticsOut:
         settings = cameras.analytics(camera)
-        counts = live.counts(camera)
-        lines: dict[str, dict[str, dict[str, int]]] = {}
+        if settings is None:
+            return AnalyticsOut(settings=None, lines={}, zones={})
+        counts = live.counts(camera)  # of this process's run: a line shows from its first
+        lines: dict[str, dict[str, dict[str, int]]] = {}  # crossing here (the event's count)
         for (line, direction), by_label in counts.crossings.items():
-            lines.setdefault(line, {})[direction] = dict(by_label)
-        return AnalyticsOut(
-            settings=None if settings is None else settings.model_dump(mode="json"),
-            lines=lines,
-            zones=counts.occupancy,
-        )
+            if line in settings.lines:
+                lines.setdefault(line, {})[direction] = dict(by_label)
+        zones = {z: by_label for z, by_label in counts.occupancy.items() if z in settings.zones}
+        return AnalyticsOut(settings=settings.model_dump(mode="json"), lines=lines, zones=zones)
 
     @routes.get(
         "/api/cameras/{camera}/analytics",

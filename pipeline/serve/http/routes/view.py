@@ -35,7 +35,7 @@ def router(pipeline: PipelineHandles, access: Access) -> APIRouter:
     def frame(camera: CAMERA_ID) -> Response:
         """The camera's newest detected frame (as the model saw it) with its boxes; with
         analytics, their track ids and the camera's zones and lines with running counts."""
-        jpeg = live.jpeg(camera, label, pipeline.cameras.analytics(camera))
+        jpeg = live.jpeg(camera, label)
         if jpeg is None:
             raise HTTPException(404, f"no frame of {camera!r} yet")
         return Response(jpeg, media_type="image/jpeg", headers={"Cache-Control": "no-store"})
