@@ -95,7 +95,7 @@ class SnapshotStore:
         self._max_bytes = max_bytes
         self._max_age_s = max_age_s
         self._lock = threading.Lock()
-        self._swept = 0.0
+        self._swept = time.monotonic()  # the first sweep half a minute after start
         self.removed = 0  # files swept away, since start
 
     def write(self, camera: str, event_id: str, jpeg: bytes) -> str:
