@@ -36,8 +36,8 @@ from streams.logs import configure_process_logging
 from streams.messages import EndOfStream, FrameMessage, new_session_id
 from streams.redis_connect import DEFAULT_RECONNECT_TIMEOUT_S, connect
 from streams.redis_errors import OUTAGE_ERRORS, is_outage
-from streams.sampling import FrameSampler
-from streams.sources import SourceError, VideoSource
+from streams.sampling import DecodeFrames, FrameSampler, KeyframeGate
+from streams.sources import DecodedFrame, SourceError, VideoSource
 from streams.transport import FrameEncoder, RawEncoder, ShmEncoder, TransportSpec, make_encoder
 from streams.urls import redact_url
 
@@ -129,6 +129,7 @@ class DecoderSpec:
     fps: float | None = None  # overrides the container's frame rate for pacing
     vid_stride: int = 1  # take every n-th decoded frame
     max_fps: float | None = None  # take at most this many frames a second of stream time
+    decode_frames: DecodeFrames = "auto"  # all, key frames only, or auto (sampling.KeyframeGate)
     decode_threads: int = 0  # 0: FFmpeg's frame threading; 1: decode on the worker's thread
     open_timeout_s: float = 5.0
     read_timeout_s: float = 5.0
@@ -183,7 +184,8 @@ class DecodeWorker:
         self.seq = 0
         self.decode_errors = 0
         self.redis_down = 0  # frames shed while Redis was unreachable (their seq is used up)
-        self.sampled_out = 0  # decoded frames not taken (vid_stride, max_fps): no seq
+        self.sampled_out = 0  # frames not taken (vid_stride, max_fps): no seq
+        self.not_decoded = 0  # of those, skipped as packets (key frames only)
         self._sampler = FrameSampler(vid_stride=spec.vid_stride, max_fps=spec.max_fps)
         self._redis_retry_at = 0.0  # while Redis is away, frames before this shed untried
         self._redis_backoff_s = REDIS_RETRY_MIN_S
@@ -247,79 +249,93 @@ class DecodeWorker:
     def _publish_frames(self, source: VideoSource, stop: StopSignal) -> None:
         fps = self.spec.fps or source.fps or 30.0
         started = self._clock()
-        for index, decoded in enumerate(source.frames()):
-            if stop.is_set():
-                return
-            if self.spec.realtime:
-                due = started + index / fps  # paced by decoded frames, taken or not
-                delay = due - self._clock()
-                if delay > 0 and stop.wait(delay):
+        spec = self.spec
+        gate = KeyframeGate(spec.decode_frames, max_fps=spec.max_fps, vid_stride=spec.vid_stride)
+        try:
+            for index, decoded in enumerate(source.frames(gate)):
+                if not self._publish_frame(decoded, index + source.skipped, started, fps, stop):
                     return
-            captured = self._clock()
-            stream_time = decoded.pts if decoded.pts is not None else captured
-            if not self._sampler.take(stream_time):
-                self.sampled_out += 1
-                continue
-            if self._sheds and captured < self._redis_retry_at:
-                self._shed_for_redis()  # Redis is away: the freshest frames matter, not these
-                continue
-            if self._sheds:
-                try:
-                    behind = self._behind()
-                except OUTAGE_ERRORS:
-                    self._redis_failed()
-                    continue
-                if behind:
-                    self.seq += 1  # a gap, counted as overflow like a frame MAXLEN trimmed
-                    continue
-            prepared = self._prepare(decoded.image)
-            if self.spec.backpressure and not self._wait_for_room(stop):
-                return
-            geometry = prepared.geometry
-            height, width = prepared.pixels.shape[:2]
-            encoded = self._encoder.encode(prepared.pixels)
-            message = FrameMessage(
-                camera=self.spec.camera,
-                seq=self.seq,
-                pts=decoded.pts,
-                width=geometry.width,
-                height=geometry.height,
-                scale=geometry.scale,
-                pad_x=geometry.pad_x,
-                pad_y=geometry.pad_y,
-                captured=captured,
-                enqueued=self._clock(),
-                pixels=encoded.pixels,
-                input_width=width,
-                input_height=height,
-                encoding=encoded.encoding,
-                shm=encoded.shm,
-                session=self.session,
-                redis_down=self.redis_down,
-            )
-            pipe = self._frames_redis.pipeline(transaction=False)
-            pipe.xadd(
-                self._stream_key,
-                message.to_fields(),
-                # A camera that sheds is capped here. Exact, not "~": an approximate cap trims
-                # whole 100-entry nodes, so the stream could hold ~100 frames more than the
-                # backlog bound (120 MB of raw pixels, or shm references to slots already
-                # overwritten). A file job is not: it waits for room instead, and an XADD the
-                # client retried after a lost reply (a Redis restart) adds a second copy its room
-                # count does not know of, which a cap would pay for by trimming an unread frame.
-                maxlen=self.spec.max_backlog if self._sheds else None,
-                approximate=False,
-            )
-            self._record_progress(pipe, frames=self.seq + 1)
+        finally:  # frames never decoded: as sampled out, from their packets
+            self.sampled_out += source.skipped
+            self.not_decoded += source.skipped
+
+    def _publish_frame(
+        self, decoded: DecodedFrame, position: int, started: float, fps: float, stop: StopSignal
+    ) -> bool:
+        """``position``: the frame's place in the stream (decoded and skipped); False: stop."""
+        if stop.is_set():
+            return False
+        if self.spec.realtime:
+            due = started + position / fps  # paced by the stream's frames, taken or not
+            delay = due - self._clock()
+            if delay > 0 and stop.wait(delay):
+                return False
+        captured = self._clock()
+        stream_time = decoded.pts if decoded.pts is not None else captured
+        if not self._sampler.take(stream_time):
+            self.sampled_out += 1
+            return True
+        if self._sheds and captured < self._redis_retry_at:
+            self._shed_for_redis()  # Redis is away: the freshest frames matter, not these
+            return True
+        if self._sheds:
             try:
-                pipe.execute()
+                behind = self._behind()
             except OUTAGE_ERRORS:
-                if not self._sheds:
-                    raise  # a file job waited reconnect_timeout_s for Redis already
                 self._redis_failed()
-                continue
-            self._redis_backoff_s = REDIS_RETRY_MIN_S
-            self.seq += 1
+                return True
+            if behind:
+                self.seq += 1  # a gap, counted as overflow like a frame MAXLEN trimmed
+                return True
+        prepared = self._prepare(decoded.image)
+        if self.spec.backpressure and not self._wait_for_room(stop):
+            return False
+        geometry = prepared.geometry
+        height, width = prepared.pixels.shape[:2]
+        encoded = self._encoder.encode(prepared.pixels)
+        message = FrameMessage(
+            camera=self.spec.camera,
+            seq=self.seq,
+            pts=decoded.pts,
+            width=geometry.width,
+            height=geometry.height,
+            scale=geometry.scale,
+            pad_x=geometry.pad_x,
+            pad_y=geometry.pad_y,
+            captured=captured,
+            enqueued=self._clock(),
+            pixels=encoded.pixels,
+            input_width=width,
+            input_height=height,
+            encoding=encoded.encoding,
+            shm=encoded.shm,
+            session=self.session,
+            redis_down=self.redis_down,
+        )
+        pipe = self._frames_redis.pipeline(transaction=False)
+        pipe.xadd(
+            self._stream_key,
+            message.to_fields(),
+            # A camera that sheds is capped here. Exact, not "~": an approximate cap trims
+            # whole 100-entry nodes, so the stream could hold ~100 frames more than the
+            # backlog bound (120 MB of raw pixels, or shm references to slots already
+            # overwritten). A file job is not: it waits for room instead, and an XADD the
+            # client retried after a lost reply (a Redis restart) adds a second copy its room
+            # count does not know of, which a cap would pay for by trimming an unread frame.
+            maxlen=self.spec.max_backlog if self._sheds else None,
+            approximate=False,
+        )
+        self._record_progress(pipe, frames=self.seq + 1)
+        try:
+            pipe.execute()
+        except OUTAGE_ERRORS:
+            if not self._sheds:
+                raise  # a file job waited reconnect_timeout_s for Redis already
+            self._redis_failed()
+            return True
+        self._redis_backoff_s = REDIS_RETRY_MIN_S
+        self.seq += 1
+        return True
 
     def _record_progress(self, pipe: redis.client.Pipeline, *, frames: int) -> None:
         """The session's frame count so far, beside its frames (same round trip): the

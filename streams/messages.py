@@ -197,7 +197,8 @@ class EndOfStream:
     decode_errors: int = 0  # frames lost in decoding (packets that gave no frame)
     session: str = ""
     redis_down: int = 0  # of ``frames``: shed while Redis was unreachable
-    sampled_out: int = 0  # decoded frames not taken (vid_stride, max_fps): not in ``frames``
+    #: frames not taken (vid_stride, max_fps; some never decoded): not in ``frames``
+    sampled_out: int = 0
 
     def to_fields(self) -> dict[str, str | int]:
         return {

@@ -14,6 +14,7 @@ from fractions import Fraction
 import av
 import numpy as np
 
+from streams.sampling import KeyframeGate
 from streams.urls import is_live_url, redact_url, url_scheme
 
 RTSP_OPTIONS = {
@@ -73,6 +74,7 @@ class VideoSource:
         self._container: av.container.InputContainer | None = None
         self._stream: av.video.stream.VideoStream | None = None
         self.packets = 0  # packets with data given to the decoder
+        self.skipped = 0  # packets with data never decoded (``frames(skip=...)``)
         self.frames_out = 0  # frames it gave back
         self._failed_packets = 0  # packets whose decode raised
         self._drained = False  # the demuxer ended and the decoder was flushed
@@ -106,14 +108,24 @@ class VideoSource:
         rate = self._stream.average_rate if self._stream is not None else None
         return float(rate) if rate and MIN_FPS <= rate <= MAX_FPS else None
 
-    def frames(self) -> Iterator[DecodedFrame]:
-        """Decoded frames until the end of the source; raises :class:`SourceError` on I/O errors."""
+    def frames(self, skip: KeyframeGate | None = None) -> Iterator[DecodedFrame]:
+        """Decoded frames until the end of the source; raises :class:`SourceError` on I/O errors.
+        ``skip``: which packets are not decoded at all (counted in ``skipped``)."""
         if self._container is None or self._stream is None:
             raise RuntimeError("open() the source first")
         stream = self._stream
         time_base: Fraction | None = stream.time_base
         try:
             for packet in self._container.demux(stream):
+                if skip is not None and packet.size > 0:
+                    at = (
+                        float(packet.pts * time_base)
+                        if packet.pts is not None and time_base
+                        else None
+                    )
+                    if skip.skip(key=packet.is_keyframe, at=at):
+                        self.skipped += 1
+                        continue
                 self.packets += packet.size > 0  # the last, empty packet flushes the decoder
                 try:
                     decoded = packet.decode()

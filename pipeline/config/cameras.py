@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_va
 from pipeline.config.analytics import AnalyticsConfig
 from pipeline.config.errors import clip, fail, fail_at
 from pipeline.config.fields import MODEL_CONFIG, Finite, key_part, resolve_path
+from streams.sampling import DecodeFrames
 from streams.sources import MAX_FPS, MIN_FPS
 from streams.urls import is_live_url, redact_url, url_scheme
 
@@ -40,6 +41,12 @@ class CameraConfig(BaseModel):
         le=MAX_FPS,
         description="Detect on at most this many frames a second of stream time "
         "(others: sampled_out)",
+    )
+    decode_frames: DecodeFrames = Field(
+        "auto",
+        description="auto: decode key frames only once max_fps takes fewer frames than the "
+        "stream's key frames give (measured); all: every frame; keyframes: key frames only "
+        "(never decoded: sampled_out)",
     )
     priority: int = Field(
         0, ge=0, le=9, description="Priority level; 0 is served first and shed last"

@@ -251,6 +251,7 @@ def decoder_spec(
         fps=camera.fps,
         vid_stride=camera.vid_stride,
         max_fps=camera.max_fps,
+        decode_frames=camera.decode_frames,
         decode_threads=decode_threads,
     )
 

@@ -4,6 +4,7 @@ each one is still accounted for — a seq gap the batcher counts as overflow."""
 
 from __future__ import annotations
 
+import subprocess
 import threading
 
 import pytest
@@ -65,8 +66,8 @@ class SimulatedStallingSource(VideoSource):
         super().__init__(spec.camera, spec.url, decode_threads=1)
         self._stop_during_wait = stop
 
-    def frames(self):
-        for index, frame in enumerate(super().frames()):
+    def frames(self, skip=None):
+        for index, frame in enumerate(super().frames(skip)):
             if index == 5:
                 break
             yield frame
@@ -104,3 +105,59 @@ def test_a_stall_is_an_error_but_a_stop_during_it_is_a_stop(assets, redis_client
     events = [f[b"event"].decode() for _, f in redis_client.xrange(keys.events())]
     assert events == ["opened", "error", "reconnecting", "opened", "stalled", "ended"]
     assert (end.reason, end.error, end.frames) == ("stopped", "", 10)
+
+
+@pytest.fixture(scope="module")
+def gop10_clip(tmp_path_factory):
+    """3 s of the 540p highway at 30 fps with a key frame every 10 frames (no B-frames), as a
+    camera's sub-stream with a short GOP (cut and encoded here, never committed)."""
+    clip = tmp_path_factory.mktemp("gop") / "highway_gop10.mp4"
+    subprocess.run(
+        ["ffmpeg", "-v", "error", "-i", str(VIDEOS / "highway_traffic_960x540_30fps.mp4")]
+        + ["-frames:v", "90", "-c:v", "libx264", "-g", "10", "-keyint_min", "10"]
+        + ["-sc_threshold", "0", "-bf", "0", "-an", str(clip)],
+        check=True,
+    )
+    return clip
+
+
+def decode_all(redis_client, prefix: str, url: str, mode: str):
+    keys = StreamKeys(prefix)
+    spec = DecoderSpec(
+        camera=mode,
+        url=url,
+        live=False,
+        realtime=False,
+        loop=False,
+        backpressure=True,
+        max_backlog=1000,
+        max_fps=1.0,
+        decode_frames=mode,
+    )
+    worker = DecodeWorker(
+        spec=spec, redis_client=redis_client, keys=keys, prepare=Letterbox(640, 640, rect=True)
+    )
+    end = worker.run(threading.Event())
+    entries = redis_client.xrange(keys.frames(mode))
+    frames = [FrameMessage.from_fields(f) for _, f in entries if message_kind(f) == "frame"]
+    return worker, end, frames
+
+
+def test_sampled_below_the_key_frame_rate_only_key_frames_are_decoded(
+    assets, redis_client, prefix, gop10_clip
+):
+    """At 1 frame/s of a stream with a key frame every 1/3 s, ``auto`` decodes the key frames
+    alone once it has measured the GOP, and publishes the very frames (same pts, same pixels)
+    a full decode does; the frames never decoded are sampled out, so every packet is counted."""
+    every, every_end, every_frames = decode_all(redis_client, prefix, str(gop10_clip), "all")
+    keys_only, keys_end, keys_frames = decode_all(redis_client, prefix, str(gop10_clip), "auto")
+    # frames 0, 30 and 60 (the clip runs at 29.97 frames/s): key frames both ways
+    assert [f.pts for f in keys_frames] == [f.pts for f in every_frames] == [0.0, 1.001, 2.002]
+    assert [f.pixels for f in keys_frames] == [f.pixels for f in every_frames]
+    assert every.not_decoded == 0
+    # the first GOP decoded whole (it measures the interval), then 8 of each 9 non-key frames
+    # skipped as packets: 72 of the 90 frames never decoded
+    assert keys_only.not_decoded == 72
+    for end in (every_end, keys_end):
+        assert end.frames + end.sampled_out + end.decode_errors == 90
+        assert end.decode_errors == 0

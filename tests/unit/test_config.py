@@ -288,7 +288,7 @@ INVALID = [
     (
         camera(url="rtsp://c/s", colour="red"),
         "cameras[0]: unknown key 'colour' (expected one of: id, url, realtime, loop, fps, "
-        "max_backlog, vid_stride, max_fps, priority, max_wait_frames, max_wait_ms, "
+        "max_backlog, vid_stride, max_fps, decode_frames, priority, max_wait_frames, max_wait_ms, "
         "max_frame_age_ms, keep_latest, analytics)",
     ),
     # missing / empty / wrong shape

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from streams.sampling import FrameSampler
+from streams.sampling import FrameSampler, KeyframeGate
 
 
 def taken(sampler: FrameSampler, times: list[float]) -> list[int]:
@@ -57,3 +57,48 @@ def test_a_gap_in_time_restarts_the_grid_at_the_next_frame():
 def test_bad_settings_are_refused(vid_stride, max_fps):
     with pytest.raises(ValueError):
         FrameSampler(vid_stride=vid_stride, max_fps=max_fps)
+
+
+def gate_decisions(gate: KeyframeGate, packets) -> list[bool]:
+    """Whether each (key, at) packet is skipped."""
+    return [gate.skip(key=key, at=at) for key, at in packets]
+
+
+def gop_stream(gop: int, fps: float, frames: int):
+    return [(i % gop == 0, i / fps) for i in range(frames)]
+
+
+def test_auto_skips_non_key_frames_once_the_gop_fits_in_the_sampling_period():
+    # a key frame every 0.5 s, sampled at 1 frame/s: the first GOP is decoded whole (measured)
+    skipped = gate_decisions(KeyframeGate("auto", max_fps=1.0), gop_stream(15, 30.0, 60))
+    assert not any(skipped[:16]) and skipped[16:30] == [True] * 14
+    assert [s for i, s in enumerate(skipped) if i % 15 == 0] == [False] * 4  # keys: never
+
+
+@pytest.mark.parametrize(
+    ("gate", "why"),
+    [
+        (KeyframeGate("auto", max_fps=1.0), "a 2 s GOP gives fewer frames than 1 a second"),
+        (KeyframeGate("auto"), "no max_fps: every frame may be taken"),
+        (KeyframeGate("auto", max_fps=1.0, vid_stride=2), "vid_stride counts decoded frames"),
+        (KeyframeGate("all", max_fps=0.1), "told to decode all"),
+    ],
+)
+def test_every_frame_is_decoded_where_key_frames_alone_are_not_enough(gate, why):
+    assert not any(gate_decisions(gate, gop_stream(60, 30.0, 240))), why
+
+
+def test_keyframes_mode_skips_from_the_start_and_auto_follows_a_gop_that_grows():
+    assert gate_decisions(KeyframeGate("keyframes"), gop_stream(3, 30.0, 6)) == [
+        False,
+        True,
+        True,
+        False,
+        True,
+        True,  # fmt: skip
+    ]
+    gate = KeyframeGate("auto", max_fps=2.0)
+    gate_decisions(gate, gop_stream(10, 30.0, 30))  # 1/3 s GOP: key frames only
+    assert gate.keyframes_only
+    gate_decisions(gate, [(True, 1.0), (True, 3.0)])  # the camera's GOP is now 2 s
+    assert not gate.keyframes_only
