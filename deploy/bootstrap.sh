@@ -14,8 +14,8 @@ if [[ "${1:-}" == "--tests" ]]; then
              prometheus chromium  # promtool and a real Prometheus; the live view in a browser
              iproute2  # ip netns: hosts for the several-hosts tests
              mosquitto)  # a real MQTT broker: tests/integration/test_outputs.py
-  # the tests cover the torch backends and `framebatch export`, so they take both extras
-  extras="[test,ultralytics]"
+  # the tests cover the torch and OpenVINO backends and `framebatch export`: their extras
+  extras="[test,ultralytics,openvino]"
 elif [[ "${1:-}" == "--export" ]]; then
   extras="[ultralytics]"
 else

@@ -14,6 +14,7 @@ from detectors.postprocess import InputDetections, Thresholds
 EXTRAS = {
     "torch": "pip install 'framebatch[torch]'  (torch and torchvision)",
     "ultralytics": "pip install 'framebatch[ultralytics]'  (AGPL-3.0: torch + ultralytics)",
+    "openvino": "pip install 'framebatch[openvino]'  (Intel's OpenVINO runtime, Apache-2.0)",
     "tensorrt": (
         "pip install tensorrt 'framebatch[torch]'  (TensorRT 10 for your CUDA version and a CUDA "
         "build of torch; or NVIDIA's container)"

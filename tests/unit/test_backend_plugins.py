@@ -59,7 +59,14 @@ def with_fake_plugin(tmp_path, monkeypatch):
 
 
 def test_the_project_backends_and_what_is_derived_from_them():
-    assert backends.backend_names() == ("onnxruntime", "tensorrt", "torchscript", "ultralytics")
+    assert backends.backend_names() == (
+        "onnxruntime",
+        "openvino",
+        "tensorrt",
+        "torchscript",
+        "ultralytics",
+    )
+    assert backends.suffixes()[".xml"] == "openvino" and backends.plugin("openvino").rect
     assert MODEL_SUFFIXES == backends.suffixes()
     assert backends.suffixes()[".pt"] == "ultralytics"
     assert backends.plugin("onnxruntime").rect and backends.plugin("onnxruntime").cpu_instances

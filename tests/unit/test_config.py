@@ -395,11 +395,12 @@ INVALID = [
     (
         merged(MINIMAL, {"model": {"path": "weights/yolov8n.tflite"}}),
         "model.path: unsupported model file 'yolov8n.tflite' "
-        "(supported suffixes: .onnx, .engine, .torchscript, .pt; or a known model: yolov8n)",
+        "(supported suffixes: .onnx, .xml, .engine, .torchscript, .pt; or a known model: yolov8n)",
     ),
     (
-        merged(MINIMAL, {"model": {"backend": "openvino"}}),
-        "model.backend: must be 'auto', 'onnxruntime', 'tensorrt', 'torchscript' or 'ultralytics'",
+        merged(MINIMAL, {"model": {"backend": "tflite"}}),
+        "model.backend: must be 'auto', 'onnxruntime', 'openvino', 'tensorrt', 'torchscript' or "
+        "'ultralytics'",
     ),
     # redis
     (
