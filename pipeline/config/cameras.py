@@ -27,6 +27,11 @@ class CameraConfig(BaseModel):
     id: str = Field(description="Camera id, 1-64 of [A-Za-z0-9_.-]; part of Redis keys")
     url: str = Field(description="rtsp:// or rtsps:// URL, or a file path (file:// allowed)")
     realtime: bool | None = Field(None, description="Pace file playback at the clip's frame rate")
+    as_live: bool = Field(
+        False,
+        description="A file replayed as the live camera it stands for: at its frame rate, "
+        "shedding the frames not detected in time (counted as drops), with --until-done too",
+    )
     loop: bool = Field(False, description="Restart a file at its end (files only)")
     fps: Finite | None = Field(
         None, ge=MIN_FPS, le=MAX_FPS, description="Override of the pacing / frame rate"
@@ -99,10 +104,21 @@ class CameraConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_loop(self) -> CameraConfig:
-        if self.loop and self.is_live:
-            message = f"loop is only for files; {clip(redact_url(self.url))!r} is a live source"
-            raise fail_at(type(self).__name__, [(("loop",), message, True)])
+        for field, value in (("loop", self.loop), ("as_live", self.as_live)):
+            if value and self.is_live:
+                source = clip(redact_url(self.url))
+                message = f"{field} is only for files; {source!r} is a live source"
+                raise fail_at(type(self).__name__, [((field,), message, True)])
+        if self.as_live and self.realtime is False:
+            message = "as_live replays the file at its frame rate: leave realtime unset or true"
+            raise fail_at(type(self).__name__, [(("realtime",), message, False)])
         return self
+
+    @property
+    def paced(self) -> bool:
+        """Frames come at the source's own pace: a live camera, or a file replayed in real
+        time (``realtime``, ``as_live``)."""
+        return self.is_live or self.as_live or bool(self.realtime)
 
     @property
     def is_live(self) -> bool:

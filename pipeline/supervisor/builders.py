@@ -234,9 +234,10 @@ def decoder_spec(
     backlog of a camera that drops frames (live, or a file played like one), when smaller:
     frames beyond it only age while they wait, so its decoder skips them at the source."""
     live = camera.is_live
-    realtime = True if live else bool(camera.realtime)
-    # Replays never drop; a file played "like a camera" in the daemon keeps the freshest frames.
-    backpressure = not live and (until_done or not realtime)
+    realtime = camera.paced
+    # Replays never drop; a file played "like a camera" in the daemon keeps the freshest
+    # frames, and one replayed as the live camera it stands for (as_live) does so everywhere.
+    backpressure = not (live or camera.as_live) and (until_done or not realtime)
     backlog = (
         default_backlog if backpressure else min(default_backlog, live_backlog or default_backlog)
     )

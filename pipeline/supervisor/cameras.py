@@ -126,7 +126,7 @@ class LiveCameras(Part):
             )
         ensure_group(self._redis, self._keys.frames(camera.id))
         self._replace(camera)
-        self._states.add(camera.id, camera.url, camera.priority, camera.is_live, camera.realtime)
+        self._states.add(camera.id, camera.url, camera.priority, camera.is_live, camera.paced)
         self._metrics.add_camera(camera.id)
         self._accounting.track(camera.id)
         self._decoders.add(camera)

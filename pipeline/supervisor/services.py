@@ -105,7 +105,7 @@ def open_services(
     )
     stack.callback(control.stopped)
     for camera in config.cameras:
-        control.states.add(camera.id, camera.url, camera.priority, camera.is_live, camera.realtime)
+        control.states.add(camera.id, camera.url, camera.priority, camera.is_live, camera.paced)
         metrics.add_camera(camera.id)
     gpus = [int(d.split(":")[1]) for d in config.model.worker_devices if ":" in d]
     registry.register(StateCollector(control, metrics.utilization, gpus))

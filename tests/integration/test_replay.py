@@ -200,3 +200,31 @@ def test_batching_never_changes_results(
         assert [m.to_json()["detections"] for m in got] == [
             m.to_json()["detections"] for m in baseline[cam]
         ]
+
+
+def test_a_file_replayed_as_live_sheds_what_is_not_detected_in_time(assets, redis_url, tmp_path):
+    """Three cameras replaying the highway as the live cameras they stand for (``as_live``),
+    30 frames a second each, more than two cores detect: ``--until-done`` ends with the
+    clips, every frame processed or counted as dropped with its cause, as a live site would
+    see it (a real-time replay without ``as_live`` waits for room and processes them all)."""
+    highway = VIDEOS / "highway_traffic_960x540_30fps.mp4"
+    cameras = [{"id": f"road-{i}", "url": str(highway), "as_live": True} for i in range(3)]
+    config = write_config(
+        tmp_path / "as_live.yaml",
+        model=MODEL,
+        cameras=cameras,
+        redis_url=redis_url,
+        prefix="as-live",
+        max_batch_size=4,
+    )
+    result = run_until_done(config)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = result.summary
+    with av.open(str(highway)) as clip:
+        frames = clip.streams.video[0].frames
+    for camera in summary["cameras"]:
+        dropped = sum(camera["dropped"].values())
+        assert camera["end_reason"] == "eof", camera
+        assert camera["decoded"] == frames  # every frame of the clip read at its pace...
+        assert camera["decoded"] == camera["processed"] + dropped, camera  # ...and accounted
+    assert sum(sum(c["dropped"].values()) for c in summary["cameras"]) > 0, summary

@@ -287,7 +287,7 @@ INVALID = [
     ),
     (
         camera(url="rtsp://c/s", colour="red"),
-        "cameras[0]: unknown key 'colour' (expected one of: id, url, realtime, loop, fps, "
+        "cameras[0]: unknown key 'colour' (expected one of: id, url, realtime, as_live, loop, fps, "
         "max_backlog, vid_stride, max_fps, decode_frames, priority, max_wait_frames, max_wait_ms, "
         "max_frame_age_ms, keep_latest, analytics)",
     ),
@@ -353,6 +353,15 @@ INVALID = [
     (
         camera(url="rtsp://cam/1", loop=True),
         "cameras[0].loop: loop is only for files; 'rtsp://cam/1' is a live source",
+    ),
+    (
+        camera(url="rtsp://cam/1", as_live=True),
+        "cameras[0].as_live: as_live is only for files; 'rtsp://cam/1' is a live source",
+    ),
+    (
+        camera(url="clip.mp4", as_live=True, realtime=False),
+        "cameras[0].realtime: as_live replays the file at its frame rate: leave realtime unset "
+        "or true",
     ),
     (camera(url="rtsp://c/s", fps=0), "cameras[0].fps: must be >= 0.1 (got 0)"),
     (
@@ -874,3 +883,15 @@ def test_a_dumped_config_keeps_its_policy_settings(batching: dict[str, Any]):
     assert (
         pickle.loads(pickle.dumps(config)).batching.policy_options == config.batching.policy_options
     )
+
+
+@pytest.mark.parametrize("until_done", [False, True])
+def test_a_file_replayed_as_live_sheds_like_the_camera_it_stands_for(until_done: bool):
+    """Paced and leaky with --until-done too, where a real-time replay waits for room."""
+    from pipeline.supervisor.builders import decoder_spec
+
+    config = parse_config(camera(url="clip.mp4", as_live=True), base_dir=BASE, environ={})
+    spec = decoder_spec(config.cameras[0], default_backlog=8, until_done=until_done)
+    assert spec.realtime and not spec.backpressure and not spec.live
+    replay = parse_config(camera(url="clip.mp4", realtime=True), base_dir=BASE, environ={})
+    assert decoder_spec(replay.cameras[0], default_backlog=8, until_done=True).backpressure
