@@ -36,7 +36,7 @@ from streams.logs import configure_process_logging
 from streams.messages import EndOfStream, FrameMessage, new_session_id
 from streams.redis_connect import DEFAULT_RECONNECT_TIMEOUT_S, connect
 from streams.redis_errors import OUTAGE_ERRORS, is_outage
-from streams.sampling import DecodeFrames, FrameSampler, KeyframeGate
+from streams.sampling import DecodeFrames, DecodeGate, FrameSampler
 from streams.sources import DecodedFrame, SourceError, VideoSource
 from streams.transport import FrameEncoder, RawEncoder, ShmEncoder, TransportSpec, make_encoder
 from streams.urls import redact_url
@@ -129,7 +129,7 @@ class DecoderSpec:
     fps: float | None = None  # overrides the container's frame rate for pacing
     vid_stride: int = 1  # take every n-th decoded frame
     max_fps: float | None = None  # take at most this many frames a second of stream time
-    decode_frames: DecodeFrames = "auto"  # all, key frames only, or auto (sampling.KeyframeGate)
+    decode_frames: DecodeFrames = "auto"  # all, key frames only, or auto (sampling.DecodeGate)
     decode_threads: int = 0  # 0: FFmpeg's frame threading; 1: decode on the worker's thread
     open_timeout_s: float = 5.0
     read_timeout_s: float = 5.0
@@ -187,6 +187,13 @@ class DecodeWorker:
         self.sampled_out = 0  # frames not taken (vid_stride, max_fps): no seq
         self.not_decoded = 0  # of those, skipped as packets (key frames only)
         self._sampler = FrameSampler(vid_stride=spec.vid_stride, max_fps=spec.max_fps)
+        # across reconnections and loops: the GOP it measured stays true of the camera
+        self._gate = DecodeGate(
+            spec.decode_frames,
+            max_fps=spec.max_fps,
+            vid_stride=spec.vid_stride,
+            sampler=self._sampler,
+        )
         self._redis_retry_at = 0.0  # while Redis is away, frames before this shed untried
         self._redis_backoff_s = REDIS_RETRY_MIN_S
         self._room = 0  # frames that may still be added before asking XLEN again
@@ -249,10 +256,8 @@ class DecodeWorker:
     def _publish_frames(self, source: VideoSource, stop: StopSignal) -> None:
         fps = self.spec.fps or source.fps or 30.0
         started = self._clock()
-        spec = self.spec
-        gate = KeyframeGate(spec.decode_frames, max_fps=spec.max_fps, vid_stride=spec.vid_stride)
         try:
-            for index, decoded in enumerate(source.frames(gate)):
+            for index, decoded in enumerate(source.frames(self._gate)):
                 if not self._publish_frame(decoded, index + source.skipped, started, fps, stop):
                     return
         finally:  # frames never decoded: as sampled out, from their packets

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from fractions import Fraction
+from functools import partial
 
 import av
 import numpy as np
 
-from streams.sampling import KeyframeGate
+from streams.bitstream import reference_test
+from streams.sampling import DecodeGate
 from streams.urls import is_live_url, redact_url, url_scheme
 
 RTSP_OPTIONS = {
@@ -108,13 +110,14 @@ class VideoSource:
         rate = self._stream.average_rate if self._stream is not None else None
         return float(rate) if rate and MIN_FPS <= rate <= MAX_FPS else None
 
-    def frames(self, skip: KeyframeGate | None = None) -> Iterator[DecodedFrame]:
+    def frames(self, skip: DecodeGate | None = None) -> Iterator[DecodedFrame]:
         """Decoded frames until the end of the source; raises :class:`SourceError` on I/O errors.
         ``skip``: which packets are not decoded at all (counted in ``skipped``)."""
         if self._container is None or self._stream is None:
             raise RuntimeError("open() the source first")
         stream = self._stream
         time_base: Fraction | None = stream.time_base
+        is_reference = reference_test(stream.codec_context.name, stream.codec_context.extradata)
         try:
             for packet in self._container.demux(stream):
                 if skip is not None and packet.size > 0:
@@ -123,7 +126,8 @@ class VideoSource:
                         if packet.pts is not None and time_base
                         else None
                     )
-                    if skip.skip(key=packet.is_keyframe, at=at):
+                    reads = partial(is_reference, packet) if is_reference else None
+                    if skip.skip(key=packet.is_keyframe, at=at, reference=reads):
                         self.skipped += 1
                         continue
                 self.packets += packet.size > 0  # the last, empty packet flushes the decoder

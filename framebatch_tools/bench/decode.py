@@ -1,12 +1,13 @@
-"""A sampled camera's decode cost, every frame against key frames only:
+"""A sampled camera's decode cost, every frame against what ``auto`` decodes:
 ``python -m framebatch_tools.bench.decode [--gop 30] [--max-fps 0.5] [--rounds 5]``.
 
-The 540p highway clip re-encoded as a camera's sub-stream would send it (H.264, a key frame
-every ``--gop`` frames, no B-frames), decoded by :class:`streams.sources.VideoSource` with the
-sampler of a camera at ``--max-fps``: once with ``decode_frames: all`` and once with ``auto``
-(key frames only once the GOP is measured), alternating, one decode thread each (the
-decoders' setting when every core is busy). Measured: CPU seconds of this process per second
-of video, and the frames taken (which must be the same both ways).
+The 540p highway clip looped three times, re-encoded as a camera's sub-stream would send it
+(H.264, a key frame every ``--gop`` frames, no B-frames), or as it is with ``--gop 0`` (a key
+frame every 3 s, B-frames), decoded by :class:`streams.sources.VideoSource` with the sampler of
+a camera at ``--max-fps``: once with ``decode_frames: all`` and once with ``auto`` (key frames
+only once the GOP is measured and fits in the sampling period, else what the frames taken
+need), alternating, one decode thread each (the decoders' setting when every core is busy).
+Measured: CPU seconds of this process per second of video, and the frames taken.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
-from streams.sampling import FrameSampler, KeyframeGate
+from streams.sampling import DecodeGate, FrameSampler
 from streams.sources import VideoSource
 
 CLIP = (
@@ -28,9 +29,12 @@ CLIP = (
 
 
 def encode(source: Path, target: Path, gop: int) -> None:
+    """Looped three times; re-encoded with a ``gop``-frame GOP, or copied as it is (0)."""
+    codec = ["-c:v", "copy"] if gop == 0 else ["-c:v", "libx264", "-g", str(gop)]
+    if gop:
+        codec += ["-keyint_min", str(gop), "-sc_threshold", "0", "-bf", "0"]
     subprocess.run(
-        ["ffmpeg", "-v", "error", "-stream_loop", "2", "-i", str(source), "-c:v", "libx264"]
-        + ["-g", str(gop), "-keyint_min", str(gop), "-sc_threshold", "0", "-bf", "0", "-an"]
+        ["ffmpeg", "-v", "error", "-stream_loop", "2", "-i", str(source), *codec, "-an"]
         + [str(target)],
         check=True,
     )
@@ -39,7 +43,7 @@ def encode(source: Path, target: Path, gop: int) -> None:
 def decode(clip: Path, mode: str, max_fps: float) -> tuple[float, list[float], int, int]:
     """CPU seconds, the pts of the frames taken, packets decoded, packets skipped."""
     sampler = FrameSampler(max_fps=max_fps)
-    gate = KeyframeGate(mode, max_fps=max_fps)  # type: ignore[arg-type]
+    gate = DecodeGate(mode, max_fps=max_fps, sampler=sampler)  # type: ignore[arg-type]
     taken = []
     started = time.process_time()
     with VideoSource("bench", str(clip), decode_threads=1) as source:
@@ -53,7 +57,9 @@ def decode(clip: Path, mode: str, max_fps: float) -> tuple[float, list[float], i
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gop", type=int, default=30, metavar="N", help="frames per GOP")
+    parser.add_argument(
+        "--gop", type=int, default=30, metavar="N", help="frames per GOP (0: the clip's own)"
+    )
     parser.add_argument("--max-fps", type=float, default=0.5, metavar="N", help="sampling")
     parser.add_argument("--rounds", type=int, default=5, metavar="N", help="rounds, alternated")
     parser.add_argument("--clip", type=Path, default=CLIP, metavar="PATH", help="source clip")

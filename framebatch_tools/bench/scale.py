@@ -43,7 +43,7 @@ from streams.decode_worker import DecoderSpec, DecodeWorker
 from streams.embedded_redis import EmbeddedRedis, free_tcp_port
 from streams.keys import StreamKeys
 from streams.redis_connect import connect
-from streams.sampling import KeyframeGate
+from streams.sampling import DecodeGate
 from streams.sources import DecodedFrame, VideoSource
 
 IMGSZ = 64  # small frames: Redis and the reader move them, the simulated model ignores them
@@ -97,7 +97,7 @@ class SimulatedCamera(VideoSource):
     def open(self) -> SimulatedCamera:
         return self
 
-    def frames(self, skip: KeyframeGate | None = None) -> Iterator[DecodedFrame]:
+    def frames(self, skip: DecodeGate | None = None) -> Iterator[DecodedFrame]:
         """Every frame a key frame: nothing to skip."""
         for index in range(self._count):
             yield DecodedFrame(self._image, index / 30)

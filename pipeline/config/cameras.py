@@ -49,9 +49,10 @@ class CameraConfig(BaseModel):
     )
     decode_frames: DecodeFrames = Field(
         "auto",
-        description="auto: decode key frames only once max_fps takes fewer frames than the "
-        "stream's key frames give (measured); all: every frame; keyframes: key frames only "
-        "(never decoded: sampled_out)",
+        description="which packets of a camera sampled by max_fps are never decoded (counted "
+        "sampled_out): needed: all but what the frames taken need (the same frames as all); "
+        "keyframes: all but key frames; auto: keyframes once the measured key-frame interval "
+        "gives what max_fps asks for, needed before that; all: none",
     )
     priority: int = Field(
         0, ge=0, le=9, description="Priority level; 0 is served first and shed last"

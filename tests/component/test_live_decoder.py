@@ -121,7 +121,7 @@ def gop10_clip(tmp_path_factory):
     return clip
 
 
-def decode_all(redis_client, prefix: str, url: str, mode: str):
+def decode_all(redis_client, prefix: str, url: str, mode: str, max_fps: float = 1.0):
     keys = StreamKeys(prefix)
     spec = DecoderSpec(
         camera=mode,
@@ -131,7 +131,7 @@ def decode_all(redis_client, prefix: str, url: str, mode: str):
         loop=False,
         backpressure=True,
         max_backlog=1000,
-        max_fps=1.0,
+        max_fps=max_fps,
         decode_frames=mode,
     )
     worker = DecodeWorker(
@@ -160,4 +160,24 @@ def test_sampled_below_the_key_frame_rate_only_key_frames_are_decoded(
     assert keys_only.not_decoded == 72
     for end in (every_end, keys_end):
         assert end.frames + end.sampled_out + end.decode_errors == 90
+        assert end.decode_errors == 0
+
+
+@pytest.mark.parametrize("max_fps", [0.5, 2.0])
+def test_sampled_above_the_key_frame_rate_only_what_the_frames_taken_need_is_decoded(
+    assets, redis_client, prefix, max_fps
+):
+    """The highway clip as it is (a key frame every 3 s, B-frames, some of them referenced):
+    key frames alone are too few, so ``auto`` decodes what the frames taken need (the
+    references before each, nothing after the last of a GOP) and publishes the very frames a
+    full decode does; every packet is still counted."""
+    url = str(VIDEOS / "highway_traffic_960x540_30fps.mp4")
+    every, every_end, every_frames = decode_all(redis_client, prefix, url, "all", max_fps)
+    needed, needed_end, needed_frames = decode_all(redis_client, prefix, url, "auto", max_fps)
+    assert len(every_frames) == int(335 / 29.97 * max_fps) + 1  # 11.2 s, from 0 s on
+    assert [f.pts for f in needed_frames] == [f.pts for f in every_frames]
+    assert [f.pixels for f in needed_frames] == [f.pixels for f in every_frames]
+    assert every.not_decoded == 0 and needed.not_decoded > 335 / 4
+    for end in (every_end, needed_end):
+        assert end.frames + end.sampled_out + end.decode_errors == 335
         assert end.decode_errors == 0
