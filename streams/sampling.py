@@ -10,12 +10,14 @@ the ones before it); the others are never decoded (:class:`DecodeGate`).
 
 from __future__ import annotations
 
+import copy
 from collections import deque
 from collections.abc import Callable
 from typing import Literal
 
 TOLERANCE_S = 1e-3  # timestamps are rounded to the stream's time base
 GOPS_KEPT = 4  # key-frame intervals the gate remembers: it expects the longest of them
+KEYS_IN_FLIGHT = 8  # key frames decoded that a decoder may still hold (frame threading)
 
 #: ``all``: decode every frame; ``keyframes``: key frames only; ``needed``: only what the frames
 #: ``max_fps`` takes need (the same frames as ``all``); ``auto``: key frames only once they give
@@ -33,6 +35,7 @@ class FrameSampler:
         self._period = 1.0 / max_fps if max_fps else 0.0
         self._index = 0
         self._next_at: float | None = None  # stream time from which the next frame is taken
+        self.last_at: float | None = None  # the last frame's stream time, taken or not
 
     def too_soon(self, at: float) -> bool:
         """Whether a frame at stream time ``at`` comes before the next one due, so that
@@ -48,6 +51,7 @@ class FrameSampler:
     def take(self, at: float) -> bool:
         """Whether the next decoded frame, at stream time ``at`` (seconds), is taken."""
         index, self._index = self._index, self._index + 1
+        self.last_at = at
         if index % self.vid_stride:
             return False
         if not self._period:
@@ -73,7 +77,8 @@ class DecodeGate:
     * ``keyframes`` decodes key frames alone (DeepStream's ``skip-frames=2``, an NVR's "key
       frames only" for its AI); the sampler still spaces what it takes by ``max_fps`` among
       them, so each frame taken is the first key frame at or after its due time: at most one
-      GOP late, never closer to the one before than ``1 / max_fps``.
+      GOP late, never closer to the one before than ``1 / max_fps``; a key frame before the
+      next frame due is skipped too.
     * ``needed`` decodes what the frames the sampler will take need, and takes the very frames a
       full decode takes: a non-reference frame before the next due time is skipped (nothing
       refers to it, and it comes too soon to be taken), and once the next frame due lies at or
@@ -106,6 +111,7 @@ class DecodeGate:
         self._gops: deque[float] = deque(maxlen=GOPS_KEPT)  # between the last key frames
         self._skipping_to_key = False  # a reference was skipped: nothing decodes before a key
         self._tail_skipped = False  # ...before the last key: its leading pictures cannot decode
+        self._keys_in_flight: deque[float] = deque(maxlen=KEYS_IN_FLIGHT)  # key frames decoded
 
     @property
     def gop_s(self) -> float | None:
@@ -133,6 +139,11 @@ class DecodeGate:
                 self._gops.append(at - self._last_key)
             self._last_key = at if at is not None else self._last_key
             self._tail_skipped, self._skipping_to_key = self._skipping_to_key, False
+            if not self.keyframes_only or at is None:
+                return False
+            if self._key_unused(at):
+                return True
+            self._keys_in_flight.append(at)
             return False
         if self.keyframes_only:
             return True
@@ -145,6 +156,23 @@ class DecodeGate:
             return True
         # a frame nothing refers to, too soon to be taken
         return self._sampler.too_soon(at) and reference is not None and reference() is False
+
+    def _key_unused(self, at: float) -> bool:
+        """Key frames only, and this one comes before the next frame due: it is not taken,
+        and nothing decoded refers to it (a camera sending a key frame every second, sampled
+        every two, decodes one key frame in two)."""
+        return self._sampler is not None and self._planned(self._sampler).too_soon(at)
+
+    def _planned(self, sampler: FrameSampler) -> FrameSampler:
+        """The sampler as it will be once the key frames decoded and not given back yet (a
+        decoder holds a frame or more) have reached it: without them its due time lags a key
+        frame behind, and no key frame would ever be found unused.  Frames in flight that are
+        left out only make the due time earlier: more is decoded, never less."""
+        plan = copy.copy(sampler)
+        for at in self._keys_in_flight:
+            if sampler.last_at is None or at > sampler.last_at:
+                plan.take(at)
+        return plan
 
     def _leading(self, at: float) -> bool:
         """A frame before the last key frame in time but after it in decode order (an open

@@ -8,7 +8,7 @@ fast; a demuxer that ends quietly on a live source is reported as a disconnect b
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from fractions import Fraction
 from functools import partial
 
@@ -50,6 +50,15 @@ class DecodedFrame:
         if self._image is None:
             self._image = self._frame.to_ndarray(format="bgr24")
         return self._image
+
+
+def _seconds(time_base: Fraction | None) -> Callable[[int | None], float | None]:
+    """A stream's timestamps to seconds, as ``float(pts * time_base)`` gives them (the integer
+    product is exact, then one rounding) without a ``Fraction`` per packet."""
+    if not time_base:
+        return lambda _pts: None
+    numerator, denominator = time_base.numerator, time_base.denominator
+    return lambda pts: None if pts is None else pts * numerator / denominator
 
 
 class VideoSource:
@@ -116,16 +125,12 @@ class VideoSource:
         if self._container is None or self._stream is None:
             raise RuntimeError("open() the source first")
         stream = self._stream
-        time_base: Fraction | None = stream.time_base
+        seconds = _seconds(stream.time_base)
         is_reference = reference_test(stream.codec_context.name, stream.codec_context.extradata)
         try:
             for packet in self._container.demux(stream):
                 if skip is not None and packet.size > 0:
-                    at = (
-                        float(packet.pts * time_base)
-                        if packet.pts is not None and time_base
-                        else None
-                    )
+                    at = seconds(packet.pts)
                     reads = partial(is_reference, packet) if is_reference else None
                     if skip.skip(key=packet.is_keyframe, at=at, reference=reads):
                         self.skipped += 1
@@ -138,12 +143,7 @@ class VideoSource:
                     continue  # one bad packet costs its frame (counted), not the file
                 self.frames_out += len(decoded)
                 for frame in decoded:
-                    pts = (
-                        float(frame.pts * time_base)
-                        if frame.pts is not None and time_base
-                        else None
-                    )
-                    yield DecodedFrame(frame, pts)
+                    yield DecodedFrame(frame, seconds(frame.pts))
             self._drained = True
         except (av.error.FFmpegError, OSError) as exc:
             raise self._error("read failed", exc) from None

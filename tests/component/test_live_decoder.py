@@ -156,8 +156,10 @@ def test_sampled_below_the_key_frame_rate_only_key_frames_are_decoded(
     assert [f.pixels for f in keys_frames] == [f.pixels for f in every_frames]
     assert every.not_decoded == 0
     # the first GOP decoded whole (it measures the interval), then 8 of each 9 non-key frames
-    # skipped as packets: 72 of the 90 frames never decoded
-    assert keys_only.not_decoded == 72
+    # skipped as packets: 72 of the 90 frames never decoded; and, of the key frames between
+    # those taken, the ones seen while the sampler's due time was up to date (frame threading
+    # gives frames back a few packets late: a key frame skipped is never one taken)
+    assert 72 < keys_only.not_decoded <= 72 + 6
     for end in (every_end, keys_end):
         assert end.frames + end.sampled_out + end.decode_errors == 90
         assert end.decode_errors == 0

@@ -190,3 +190,20 @@ def test_an_open_gops_leading_pictures_are_skipped_only_after_its_tail_was(taken
     assert gate.skip(key=False, at=4.5, reference=lambda: True) is tail_skipped
     assert not gate.skip(key=True, at=6.0)
     assert gate.skip(key=False, at=5.8, reference=lambda: True) is tail_skipped
+
+
+def test_key_frames_only_skips_the_key_frames_before_the_next_one_due():
+    """A key frame every second sampled every two: every other key frame is skipped too, and
+    the frames taken are those of a full decode."""
+    packets = [(key, at, True) for key, at in gop_stream(30, 30.0, 600)]
+    results = {}
+    for mode in ("all", "auto"):
+        sampler = FrameSampler(max_fps=0.5)
+        results[mode] = simulated_decode(
+            DecodeGate(mode, max_fps=0.5, sampler=sampler), sampler, packets, delay=0
+        )
+    (every, _), (taken, skipped) = results["all"], results["auto"]
+    assert taken == every == [float(t) for t in range(0, 20, 2)]
+    # the first GOP decoded whole (it measures the interval), then only the key frames taken:
+    # 2 s, 4 s ... 18 s
+    assert skipped == 600 - 30 - 9
