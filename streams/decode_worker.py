@@ -1,4 +1,5 @@
-"""Decode worker: one per camera, in its own process; source → letterbox → ``XADD`` frames.
+"""Decode worker: one per camera, a thread of a decode process (:mod:`streams.decode_process`);
+source → letterbox → ``XADD`` frames.
 
 Live cameras keep the freshest frames: the frames stream is capped with an exact ``MAXLEN`` and the
 batcher counts what the cap trimmed as ``overflow`` drops (by gaps in ``seq``).  File jobs apply
@@ -9,43 +10,32 @@ Pixels travel as the configured transport's encoder makes them (:mod:`streams.tr
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import logging
 import math
 import multiprocessing
-import os
-import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Protocol
 
-import cv2
 import numpy as np
 import redis
 
 from streams.events import EventLog
 from streams.keys import StreamKeys
-from streams.lifeline import ParentGone, die_with_parent, raise_parent_gone_on
-from streams.logs import configure_process_logging
 from streams.messages import EndOfStream, FrameMessage, new_session_id
-from streams.redis_connect import DEFAULT_RECONNECT_TIMEOUT_S, connect
-from streams.redis_errors import OUTAGE_ERRORS, is_outage
+from streams.redis_errors import OUTAGE_ERRORS
 from streams.sampling import DecodeFrames, DecodeGate, FrameSampler
 from streams.sources import DecodedFrame, SourceError, VideoSource
-from streams.transport import FrameEncoder, RawEncoder, ShmEncoder, TransportSpec, make_encoder
+from streams.transport import FrameEncoder, RawEncoder
 from streams.urls import redact_url
 
 log = logging.getLogger(__name__)
 
 BACKPRESSURE_POLL_S = 0.02  # a full backlog lasts seconds; polling faster only burns CPU
 LINGER_POLL_S = 0.05
-EXIT_REDIS_GONE = 3  # the decoder process's exit code when Redis stayed away too long
 REDIS_RETRY_MIN_S, REDIS_RETRY_MAX_S = 0.25, 2.0  # live frames shed untried between tries
 LINGER_IDLE_S = 10.0  # a ring outlives its decoder while its frames are read, but not forever
 
@@ -78,26 +68,6 @@ class ProcessFlag:
         """True once set; False when ``timeout`` seconds passed first."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._flag.value:
-            remaining = self._poll_s if deadline is None else deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            time.sleep(min(remaining, self._poll_s))  # the wait primitive itself
-        return True
-
-
-class AnyOf:
-    """A stop signal set when any of its signals is (each polled, as ``ProcessFlag`` is)."""
-
-    def __init__(self, *signals: StopSignal | None, poll_s: float = 0.02):
-        self._signals = [s for s in signals if s is not None]
-        self._poll_s = poll_s
-
-    def is_set(self) -> bool:
-        return any(s.is_set() for s in self._signals)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self.is_set():
             remaining = self._poll_s if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
                 return False
@@ -419,125 +389,3 @@ def wait_until_read(
         elif now - idle_since >= idle_s:
             return
         released.wait(LINGER_POLL_S)
-
-
-@dataclass(frozen=True)
-class DecoderJob:
-    """Everything a decode process needs, picklable: its camera, the Redis it writes to, how
-    frames are prepared and how their pixels travel (the process boundary's one argument)."""
-
-    spec: DecoderSpec
-    redis_url: str
-    prefix: str
-    prepare: FramePreparer  # picklable: a letterbox
-    transport: TransportSpec = TransportSpec()
-    cluster: bool = False  # redis_url is a node of a Redis Cluster
-    reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S
-    max_frame_bytes: int | None = None  # the largest prepared frame: sizes a shm ring's slots
-    parent_pid: int | None = None  # the process dies with this one, however it ends
-    log_level: int = logging.INFO  # the parent's: a spawned process does not inherit it
-
-
-def leave_when_gone(
-    gone: ProcessFlag, encoder: FrameEncoder, transport: TransportSpec
-) -> Callable[[], None]:
-    """What a decoder does in its SIGTERM handler once its daemon is gone (or terminating it):
-    set ``gone``, and unlink its shm ring's name, since nobody will read the ring any more.
-
-    Unlinked there, not only by the cleanup the handler's exception starts: a signal lands
-    between any two bytecodes, so the exception may come as the ring is made, before the
-    encoder holds it, or be dropped in a finalizer, or cut short the cleanup of an earlier
-    one.  The name holds this process's pid: no other process owns it."""
-    ring = Path(transport.shm_dir) / encoder.name if isinstance(encoder, ShmEncoder) else None
-
-    def leave() -> None:
-        gone.set()
-        if ring is not None:
-            ring.unlink(missing_ok=True)  # one system call, no lock: safe in the handler
-
-    return leave
-
-
-def run_decoder_process(
-    job: DecoderJob,
-    stop: StopSignal,
-    released: StopSignal | None = None,
-    ends: Connection | None = None,
-) -> None:
-    """Process entry point: the parent coordinates shutdown, so SIGINT is ignored here.
-    ``ends``: where the session's end entry is sent too, once it is in Redis (the supervisor
-    writes it again should Redis lose it before it was read).
-
-    With the shm transport the ring lives until the batcher has read this camera's frames, or
-    until the parent sets ``released`` (its batcher has stopped); then it is unlinked.  With
-    ``job.parent_pid`` the process dies with its parent (SIGKILL of the daemon included) and a
-    SIGTERM, from the kernel or the supervisor, unlinks the ring on the way out."""
-    spec, redis_url, prefix = job.spec, job.redis_url, job.prefix
-    parent_pid, cluster = job.parent_pid, job.cluster
-    reconnect_timeout_s = job.reconnect_timeout_s
-    configure_process_logging(job.log_level)  # the daemon's format, time stamps included
-    # the parent died or is terminating this process: ParentGone says so, and so does this
-    # flag, which the loops look at, should the exception land in a finalizer and be dropped;
-    # lock-free (a signal handler that takes a lock deadlocks when a second signal interrupts it)
-    gone = ProcessFlag()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # one thread per decoder: the cameras run side by side already, and OpenCV's own pool
-    # made the letterbox's resize cost 2.0 instead of 1.1 ms of CPU a frame (docs/benchmarks.md)
-    cv2.setNumThreads(0)
-    # before the handler, which names its ring (the ring itself comes with the first frame)
-    encoder = make_encoder(
-        job.transport,
-        redis_url=redis_url,
-        prefix=prefix,
-        camera=spec.camera,
-        max_backlog=spec.max_backlog,
-        pid=os.getpid(),
-        max_frame_bytes=job.max_frame_bytes,
-    )
-    if parent_pid is not None:
-        raise_parent_gone_on(
-            signal.SIGTERM,
-            parent_pid=parent_pid,
-            stopping=stop.is_set,
-            on_gone=leave_when_gone(gone, encoder, job.transport),
-        )
-        die_with_parent(parent_pid, signal.SIGTERM)
-    client = connect(redis_url, reconnect_timeout_s=reconnect_timeout_s, cluster=cluster)
-    fail_fast = connect(redis_url, fail_fast=True, cluster=cluster)
-    keys = StreamKeys(prefix)
-    orphaned = redis_gone = False
-    try:
-        end = DecodeWorker(
-            spec=spec,
-            redis_client=client,
-            keys=keys,
-            prepare=job.prepare,
-            encoder=encoder,
-            fail_fast_client=fail_fast,
-        ).run(AnyOf(stop, gone))
-        if ends is not None:
-            with contextlib.suppress(OSError):  # the supervisor is gone: nobody to tell
-                ends.send(end.to_fields())
-    except ParentGone:
-        orphaned = True  # nobody will read the ring any more
-        raise
-    except redis.RedisError as exc:
-        if not is_outage(exc):
-            raise
-        # the daemon fails the run for the same reason and says so once, without a traceback
-        log.error(
-            "camera %r: Redis unreachable for more than %.0f s; decoder stopped",
-            spec.camera,
-            reconnect_timeout_s,
-        )
-        redis_gone = True
-    finally:
-        try:
-            if encoder.holds_frames and not orphaned and not redis_gone and not gone.is_set():
-                wait_until_read(client, keys.frames(spec.camera), released, gone=gone)
-        finally:
-            encoder.close()
-            client.close()
-            fail_fast.close()
-    if redis_gone:
-        sys.exit(EXIT_REDIS_GONE)

@@ -41,6 +41,10 @@ TRANSPORT_KINDS = ("auto", "raw", "jpeg", "shm")
 # MAXLEN ~ trims whole stream nodes (4 KB each by default, ~10 shm entries), so a live stream
 # may hold a few entries more than its cap; the ring keeps room for them too
 TRIM_SLACK = 16
+# auto: cameras sampled at this rate or below send pixels inline (raw): a ring's memory, 56
+# slots of 640x384 (41 MB) by default, costs more than ~3.5 ms of CPU a frame for the copies
+# through Redis (docs/benchmarks.md) at a few frames a second
+AUTO_SHM_MIN_FPS = 5.0
 
 # drop causes of frames lost in transport (counted like the batching policy's drops)
 CAUSE_LOST = "transport_lost"  # the ring slot was overwritten before the frame was read
@@ -217,13 +221,17 @@ def make_encoder(
     max_backlog: int,
     pid: int,
     max_frame_bytes: int | None = None,
+    max_fps: float | None = None,
 ) -> FrameEncoder:
     """The encoder of one decode worker; shm (and auto) fall back to raw when Redis is on
     another host (the batcher may run there, where this machine's shared memory is out of
-    reach)."""
+    reach).  ``auto`` sends the frames of a camera sampled at ``max_fps`` <=
+    :data:`AUTO_SHM_MIN_FPS` inline too: its ring would hold a ring's memory (tens of MB,
+    whatever the rate) to save a copy through Redis a few times a second."""
     if spec.kind == "jpeg":
         return JpegEncoder(spec.jpeg_quality)
-    if spec.kind in ("shm", "auto"):
+    sampled = max_fps is not None and max_fps <= AUTO_SHM_MIN_FPS
+    if spec.kind == "shm" or (spec.kind == "auto" and not sampled):
         if redis_on_this_host(redis_url):
             return ShmEncoder(
                 name=segment_name(prefix, camera, pid),

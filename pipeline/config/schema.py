@@ -30,8 +30,9 @@ MODEL_SUFFIXES: dict[str, str] = suffixes()
 BackendName = Literal[("auto", *backend_names())]  # type: ignore[valid-type]
 _DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")
 
-#: One decode process per camera: past this, split the cameras across daemons.
-MAX_CAMERAS_PER_DAEMON = 64
+#: Past this, split the cameras across daemons (docs/operations.md, "Many cameras").
+MAX_CAMERAS_PER_DAEMON = 256
+DEFAULT_CAMERAS_PER_PROCESS = 8
 ClassIds = Annotated[list[Annotated[int, Field(ge=0, le=999)]], Field(min_length=1)]
 #: A ``sinks:`` entry: the options of the sink its ``kind`` names (one module each).
 SinkSettings = Annotated[Union[sink_options_models()], Field(discriminator="kind")]  # noqa: UP007
@@ -198,6 +199,20 @@ class TransportConfig(BaseModel):
     )
 
 
+class DecodingConfig(BaseModel):
+    """How the decoders run (see docs/operations.md, "Many cameras")."""
+
+    model_config = MODEL_CONFIG
+    cameras_per_process: int = Field(
+        DEFAULT_CAMERAS_PER_PROCESS,
+        ge=1,
+        le=256,
+        description="Cameras decoded by one process, a thread each; a process's crash takes "
+        "its cameras (restarted with new sessions); fewer processes start faster and use "
+        "less memory",
+    )
+
+
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 DEFAULT_HTTP_LISTEN = "127.0.0.1:9108"
 
@@ -277,7 +292,10 @@ class Config(BaseModel):
     cameras: list[CameraConfig] = Field(
         min_length=1,
         max_length=MAX_CAMERAS_PER_DAEMON,
-        description="Video sources, unique ids (one decode process each)",
+        description="Video sources, unique ids",
+    )
+    decoding: DecodingConfig = Field(
+        default_factory=DecodingConfig, description="How the decoders run"
     )
     transport: TransportConfig = Field(
         default_factory=TransportConfig, description="How frames travel to the batcher"

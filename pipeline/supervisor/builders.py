@@ -8,6 +8,7 @@ bound of the batching queue, which the policy and the shm ring size both use.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from typing import Any
@@ -222,6 +223,9 @@ def decode_threads(config: Config, cameras: int | None = None) -> int:
     return 1 if count >= len(os.sched_getaffinity(0)) else 0
 
 
+LIVE_BACKLOG_S = 1.0  # a sampled live camera's frames waiting in Redis: what it sends in this
+
+
 def decoder_spec(
     camera: CameraConfig,
     *,
@@ -232,12 +236,16 @@ def decoder_spec(
 ) -> DecoderSpec:
     """How a camera's decode worker behaves in this run.  ``live_backlog``: the default
     backlog of a camera that drops frames (live, or a file played like one), when smaller:
-    frames beyond it only age while they wait, so its decoder skips them at the source."""
+    frames beyond it only age while they wait, so its decoder skips them at the source.  A
+    camera sampled at ``max_fps`` keeps what it sends in :data:`LIVE_BACKLOG_S` (at least one
+    frame): eight frames of a camera at 0.5 fps are 16 s old by the time the last is read."""
     live = camera.is_live
     realtime = camera.paced
     # Replays never drop; a file played "like a camera" in the daemon keeps the freshest
     # frames, and one replayed as the live camera it stands for (as_live) does so everywhere.
     backpressure = not (live or camera.as_live) and (until_done or not realtime)
+    if live_backlog is not None and camera.max_fps is not None:
+        live_backlog = min(live_backlog, max(1, math.ceil(camera.max_fps * LIVE_BACKLOG_S)))
     backlog = (
         default_backlog if backpressure else min(default_backlog, live_backlog or default_backlog)
     )

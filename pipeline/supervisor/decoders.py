@@ -1,7 +1,9 @@
-"""The decoder supervisor: one decode process per camera, restarted with backoff when a live
-camera's dies, each stopped on its own (a camera removed live) or all together.
+"""The decoder supervisor: a decoder thread per camera, several cameras to a decode process
+(:mod:`pipeline.supervisor.decoder_processes`), restarted with backoff when a live camera's
+fails or its process dies, each stopped on its own (a camera removed live) or all together.
 
-A decoder that dies without its end entry (segfault, OOM kill) gets one written here from the
+A decoder that ends without its end entry (an exception in its thread; its process
+segfaulted or was OOM-killed, taking its other cameras too) gets one written here from the
 progress it kept, so every session of every camera ends in the frames stream.  Every session's
 end entry is also kept here until it has been read: Redis restarting without its data can take
 an end entry with it (a file camera's decoder that finished before the restart), and the run
@@ -13,11 +15,9 @@ died are removed here.
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import time
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 
 import redis
 
@@ -28,9 +28,11 @@ from pipeline.supervisor.builders import (
     frame_letterbox,
     transport_spec,
 )
+from pipeline.supervisor.decoder_processes import DecoderProcesses
 from pipeline.supervisor.part import Part
 from pipeline.supervisor.services import Services
-from streams.decode_worker import DecoderJob, DecoderSpec, ProcessFlag, run_decoder_process
+from streams.decode_process import DecoderJob, Message, ProcessSettings
+from streams.decode_worker import DecoderSpec, ProcessFlag
 from streams.events import EventLog
 from streams.keys import StreamKeys
 from streams.messages import EndOfStream, message_kind, session_progress
@@ -69,9 +71,6 @@ def abandon_rings(prefix: str) -> None:
 @dataclass
 class _Decoder:
     spec: DecoderSpec
-    stop: ProcessFlag  # this decoder's own: a camera removed live stops alone
-    process: multiprocessing.process.BaseProcess
-    ends: Connection  # the process sends its session's end entry here
     removing: bool = False  # removed through the API: drains, never restarts
     kill_at: float | None = None  # removing: killed if still running then
     restarts: int = 0  # since the last healthy period: sets the backoff
@@ -102,11 +101,17 @@ class DecoderSupervisor(Part):
         self._states = services.states
         self._until_done = until_done
         self._decoders: dict[str, _Decoder] = {}
-        self._sessions: dict[str, int] = {}  # decoder processes started per camera
+        self._sessions: dict[str, int] = {}  # decoders started per camera (each a session)
         self._stopping = False  # no restarts from here on
         self._host = host_id()
         self._released = ProcessFlag() if rings_read_here else None
         self._redis_url = services.redis_url
+        self._processes = DecoderProcesses(
+            # a decoder dies with this process, however it ends; -v reaches the decoders
+            ProcessSettings(os.getpid(), logging.getLogger().getEffectiveLevel()),
+            self._released,
+            config.decoding.cameras_per_process,
+        )
         self._letterbox = frame_letterbox(config)  # square, or rect where the model allows it
         self._transport = transport_spec(config)
         # every camera this run decoded: decoders thread by how many there are
@@ -126,8 +131,22 @@ class DecoderSupervisor(Part):
         without an end entry, kill removed ones that will not stop; with ``until_done``, once
         every file camera ended, stop the live ones too."""
         now = time.monotonic()
+        for message in self._processes.messages():
+            self._received(message)
+        for process, last, cameras in self._processes.dead():
+            for message in last:
+                self._received(message)
+            remove_segments(self._keys.prefix, host=self._host, pids=[process.pid])  # rings
+            code = process.process.exitcode
+            for camera, run in cameras:
+                if run != self._sessions[camera]:
+                    continue  # a thread of a camera removed and back: the camera runs on
+                self._ended_without_entry(
+                    self._decoders[camera],
+                    f"decoder process for camera {camera!r} died (exit code {code})",
+                    now,
+                )
         for decoder in self._decoders.values():
-            self._collect_ends(decoder)
             if not decoder.finished:
                 self._check(decoder, now)
         for camera, ends in self._unread_ends.items():
@@ -151,30 +170,17 @@ class DecoderSupervisor(Part):
     def stop(self) -> None:
         """No more restarts; every decoder is asked to stop."""
         self._stopping = True
-        for decoder in self._decoders.values():
-            decoder.stop.set()
+        self._processes.stop_all()
 
     def close(self) -> None:
-        """After the detector workers stopped: rings released, decoders joined (stop → join →
-        terminate → kill: none is left behind), the rings of any killed on the way removed."""
+        """After the detector workers stopped: rings released, decode processes joined (stop →
+        join → terminate → kill: none is left behind), the rings of any killed on the way
+        removed."""
         if self._released is not None:
             self._released.set()
-        self.stop()
-        decoders = list(self._decoders.values())
-        deadline = time.monotonic() + DECODER_JOIN_S
-        for decoder in decoders:
-            decoder.process.join(max(0.0, deadline - time.monotonic()))
-        for decoder in decoders:
-            if decoder.process.is_alive():
-                decoder.process.terminate()
-                decoder.process.join(2.0)
-            if decoder.process.is_alive():
-                decoder.process.kill()
-                decoder.process.join()
-        pids = [d.process.pid for d in decoders]
+        self._stopping = True
+        pids = self._processes.close(DECODER_JOIN_S)
         remove_segments(self._keys.prefix, host=self._host, pids=pids)
-        for decoder in decoders:
-            decoder.ends.close()
 
     # --- cameras --------------------------------------------------------------------------------
     def add(self, camera: CameraConfig) -> None:
@@ -189,13 +195,8 @@ class DecoderSupervisor(Part):
             # pipeline is behind, and older frames would only raise the latency
             live_backlog=self._config.batching.max_batch_size,
         )
-        stop = ProcessFlag()  # a decoder killed while waiting cannot hang set()
-        process, ends = self._spawn(spec, stop)
-        previous = self._decoders.get(camera.id)
-        if previous is not None:  # a camera removed before, back under its id
-            self._collect_ends(previous)
-            previous.ends.close()
-        self._decoders[camera.id] = _Decoder(spec, stop, process, ends)
+        self._decoders[camera.id] = _Decoder(spec)  # or a camera removed before, back
+        self._start(spec)
 
     def remove(self, camera: str) -> None:
         """Stop the camera's decoder for good; one that hangs is killed after a while."""
@@ -203,8 +204,9 @@ class DecoderSupervisor(Part):
         decoder.removing = True
         if decoder.restart_at is not None:  # dead, its end entry written: not restarted
             decoder.restart_at, decoder.finished = None, True
-        decoder.stop.set()
-        decoder.kill_at = time.monotonic() + DECODER_JOIN_S
+        self._processes.stop_camera(camera)
+        # a read blocked on a stalled camera returns at its timeout
+        decoder.kill_at = time.monotonic() + DECODER_JOIN_S + decoder.spec.read_timeout_s
 
     def known(self, camera: str) -> bool:
         return camera in self._decoders
@@ -225,15 +227,17 @@ class DecoderSupervisor(Part):
         return sum(not d.removing for d in self._decoders.values())
 
     def gone(self, camera: str) -> bool:
-        """The camera's decoder process has exited, and every session it started has its end
-        entry read by the accounting (not only an earlier one's: a restart, a re-added id)."""
-        if self._decoders[camera].process.is_alive():
+        """The camera's decoder has exited (its thread, or its process), and every session it
+        started has its end entry read by the accounting (not only an earlier one's: a
+        restart, a re-added id)."""
+        if self._processes.running(camera):
             return False
         return self._accounting.end_count(camera) >= self._sessions.get(camera, 0)
 
     # --- inside -------------------------------------------------------------------------------
     def _job(self, spec: DecoderSpec) -> DecoderJob:
         return DecoderJob(
+            run=self._sessions[spec.camera],
             spec=spec,
             redis_url=self._redis_url,
             prefix=self._keys.prefix,
@@ -242,34 +246,25 @@ class DecoderSupervisor(Part):
             cluster=self._config.redis.cluster,
             reconnect_timeout_s=self._config.redis.reconnect_timeout_s,
             max_frame_bytes=self._letterbox.max_bytes,
-            log_level=logging.getLogger().getEffectiveLevel(),  # -v reaches the decoders
-            parent_pid=os.getpid(),  # a decoder dies with this process, however it ends
         )
 
-    def _spawn(
-        self, spec: DecoderSpec, stop: ProcessFlag
-    ) -> tuple[multiprocessing.process.BaseProcess, Connection]:
-        """The decoder process, and the end of the pipe it sends its end entry through."""
+    def _start(self, spec: DecoderSpec) -> None:
         self._sessions[spec.camera] = self._sessions.get(spec.camera, 0) + 1  # each ends once
-        context = multiprocessing.get_context("spawn")
-        ends, sends = context.Pipe(duplex=False)
-        process = context.Process(
-            target=run_decoder_process,
-            args=(self._job(spec), stop, self._released, sends),
-            name=f"fb-decoder-{spec.camera}",
-            daemon=True,
-        )
-        process.start()
-        sends.close()  # the process holds its own copy
-        return process, ends
+        self._processes.start(self._job(spec))
 
-    def _collect_ends(self, decoder: _Decoder) -> None:
-        """The end entries the decoder's processes sent, kept until read."""
-        try:
-            while decoder.ends.poll():
-                self._keep_end(decoder.spec.camera, decoder.ends.recv())
-        except (EOFError, OSError):
-            pass  # the process is gone and sent everything it had: nothing more to read
+    def _received(self, message: Message) -> None:
+        """A decoder's session ended (its end entry, kept until read), or its thread exited:
+        cleanly (finished), or failing without its end entry."""
+        kind, camera, run, detail = message
+        if kind == "end":
+            self._keep_end(camera, detail)
+        elif kind == "exited" and run == self._sessions.get(camera):  # not one before it
+            decoder = self._decoders[camera]
+            if detail is None:
+                decoder.finished = True
+            else:
+                message = f"decoder for camera {camera!r} failed: {detail}"
+                self._ended_without_entry(decoder, message, time.monotonic())
 
     def _keep_end(self, camera: str, fields: dict[str, str | int]) -> None:
         if fields.get("session"):  # an end without a session cannot be told from another
@@ -299,30 +294,22 @@ class DecoderSupervisor(Part):
             self._unread_ends[camera] = unread
 
     def _check(self, decoder: _Decoder, now: float) -> None:
-        process = decoder.process
-        if process.is_alive():
+        camera = decoder.spec.camera
+        if self._processes.running(camera):
             if decoder.restarts and now - decoder.started_at >= HEALTHY_AFTER_S:
                 decoder.restarts = 0  # a crash after a healthy spell starts at 1 s again
             if decoder.kill_at is not None and now >= decoder.kill_at:
-                log.warning("camera %s: decoder did not stop, killed", decoder.spec.camera)
-                process.kill()  # its end entry is written once it is found dead
+                self._processes.kill_process_of(camera)  # its sessions end once found dead
                 decoder.kill_at = None
             return
-        if decoder.restart_at is not None:
-            if now >= decoder.restart_at and not self._stopping:
-                self._collect_ends(decoder)
-                decoder.ends.close()
-                decoder.process, decoder.ends = self._spawn(decoder.spec, decoder.stop)
-                decoder.restart_at, decoder.started_at = None, now
-                self._states.set(decoder.spec.camera, "starting")
-            return
-        remove_segments(self._keys.prefix, host=self._host, pids=[process.pid])  # its ring
-        if process.exitcode == 0:
-            decoder.finished = True
-            return
-        # Died without its end entry (segfault, OOM kill...): say so, and restart live cameras.
-        camera, code = decoder.spec.camera, process.exitcode
-        message = f"decoder process for camera {camera!r} died (exit code {code})"
+        if decoder.restart_at is not None and now >= decoder.restart_at and not self._stopping:
+            self._start(decoder.spec)
+            decoder.restart_at, decoder.started_at = None, now
+            self._states.set(camera, "starting")
+
+    def _ended_without_entry(self, decoder: _Decoder, message: str, now: float) -> None:
+        """Say so, write the session's end from its progress, and restart live cameras."""
+        camera = decoder.spec.camera
         EventLog(self._client, self._keys).emit(camera, "crashed", message)
         # a camera, or a clip looped like one, comes back; a finite file job does not (its
         # frames would be decoded again)
@@ -330,7 +317,7 @@ class DecoderSupervisor(Part):
         self._client.xadd(self._keys.frames(camera), end)
         self._keep_end(camera, end)
         restart = decoder.spec.live or decoder.spec.loop
-        if restart and not self._until_done and not decoder.removing:
+        if restart and not self._until_done and not decoder.removing and not self._stopping:
             decoder.restarts += 1
             delay = min(2.0**decoder.restarts, RESTART_BACKOFF_MAX_S)
             decoder.restart_at = now + delay

@@ -24,7 +24,7 @@ def bind_http(config: Config, stack: ExitStack) -> socket.socket | None:
     """The HTTP socket of ``http.listen``.  A port set in the config or with --http that is
     taken is bad input (exit 2); the default one taken (another daemon on this host) only
     costs this run its endpoint, with a warning, as running several daemons is how one goes
-    past 64 cameras."""
+    past 256 cameras."""
     listen = config.http.listen
     if listen is None:
         return None

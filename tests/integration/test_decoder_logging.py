@@ -11,13 +11,8 @@ import re
 import pytest
 
 from detectors.preprocess import Letterbox
-from streams.decode_worker import (
-    EXIT_REDIS_GONE,
-    DecoderJob,
-    DecoderSpec,
-    ProcessFlag,
-    run_decoder_process,
-)
+from streams.decode_process import DecoderJob, ProcessSettings, run_decoder_process
+from streams.decode_worker import DecoderSpec, ProcessFlag
 from streams.embedded_redis import free_tcp_port
 
 pytestmark = pytest.mark.integration
@@ -26,8 +21,10 @@ STAMPED = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING
 
 
 def test_a_decode_process_logs_with_time_and_level(tmp_path, capfd):
-    """A real spawned decoder whose Redis is not there: it retries for a second, then stops;
-    every line it wrote (stderr, inherited from this process) is stamped."""
+    """A real spawned decode process, given a camera whose Redis is not there: the camera's
+    thread retries for a second, then stops and says so over the pipe; the process goes on
+    until told to stop. Every line it wrote (stderr, inherited from this process) is
+    stamped."""
     spec = DecoderSpec(
         camera="cam",
         url=str(tmp_path / "missing.mp4"),  # fails at once: the decoder only talks to Redis
@@ -43,14 +40,22 @@ def test_a_decode_process_logs_with_time_and_level(tmp_path, capfd):
         prefix="logging",
         prepare=Letterbox(64, 64),
         reconnect_timeout_s=1.0,
-        log_level=logging.INFO,
     )
-    process = multiprocessing.get_context("spawn").Process(
-        target=run_decoder_process, args=(job, ProcessFlag())
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    stop = ProcessFlag()
+    process = context.Process(
+        target=run_decoder_process,
+        args=(ProcessSettings(log_level=logging.INFO), stop, None, theirs),
     )
     process.start()
+    ours.send(("start", job))
+    assert ours.poll(60)
+    assert ours.recv() == ("exited", "cam", 1, "Redis unreachable")
+    assert process.is_alive()  # the other cameras would go on
+    stop.set()
     process.join(60)
-    assert process.exitcode == EXIT_REDIS_GONE
+    assert process.exitcode == 0
     lines = capfd.readouterr().err.splitlines()
     assert any("Redis unreachable" in line and "retrying" in line for line in lines), lines
     assert any("decoder stopped" in line for line in lines), lines

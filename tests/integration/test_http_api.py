@@ -151,7 +151,7 @@ def test_a_taken_port_is_a_clear_start_up_error(assets, tmp_path):
 
 
 def test_the_default_port_taken_by_another_daemon_costs_only_the_endpoint(assets, tmp_path):
-    """Several daemons on one host (past 64 cameras) must still start: the default port is
+    """Several daemons on one host (past 256 cameras) must still start: the default port is
     the first one's; a port the config names is not given up (the test above)."""
     config = write_config(
         tmp_path / "second.yaml",

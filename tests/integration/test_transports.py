@@ -1,5 +1,5 @@
 """Frame transports end to end: ``framebatch run --until-done`` with ``transport: raw``, ``shm``
-and ``jpeg`` over the four shared clips, and a decoder killed with SIGKILL under ``shm``.
+and ``jpeg`` over the four shared clips, and a decode process killed with SIGKILL under ``shm``.
 
 To keep three replays within a minute on two cores, the two long clips are cut to their first
 90 frames (a stream copy of the first packets: real H.264, decoded by PyAV like the others),
@@ -165,25 +165,36 @@ def dead_pid() -> int:
     return proc.pid
 
 
-def test_sigkilled_decoder_leaves_no_segment(assets, redis_url, prefix, tmp_path) -> None:
-    """Under shm: a stale ring of a dead process goes at start; the ring of a decoder killed
-    with SIGKILL (no chance to unlink it) goes once the daemon sees it died, while the frames
-    it left in the stream stay readable through the batcher's mapping (none lost as
-    ``transport_gone``); the other decoder's ring goes with it at shutdown."""
+def ring_of(camera: str, prefix: str) -> list[str]:
+    return [s for s in segments(prefix) if s.startswith(f"framebatch-{prefix}-{camera}-")]
+
+
+def test_sigkilled_decode_process_takes_only_its_cameras_and_leaves_no_segment(
+    assets, redis_url, prefix, tmp_path
+) -> None:
+    """Under shm, two cameras to a decode process: a stale ring of a dead process goes at
+    start; killing the process of ``victim`` and ``buddy`` with SIGKILL (no chance to unlink
+    their rings) ends both their sessions as crashed, their rings go once the daemon sees it
+    died (the frames they left in the stream stay readable through the batcher's mapping:
+    none lost as ``transport_gone``), and both come back on a new process; ``other``, on
+    another process, goes on untouched; its ring goes at shutdown."""
     stale = ShmRing(
         segment_name(prefix, "ghost", dead_pid()), slots=2, slot_bytes=16, host=host_id()
     )
     looping = {"realtime": True, "loop": True, "fps": 10}
+    bars = str(SAMPLE_CLIPS / "bars_320x240_5fps.mp4")
     config = write_config(
         tmp_path / "kill.yaml",
         model=MODEL,
         cameras=[
-            {"id": "victim", "url": str(SAMPLE_CLIPS / "bars_320x240_5fps.mp4"), **looping},
+            {"id": "victim", "url": bars, **looping},
+            {"id": "buddy", "url": bars, **looping},
             {"id": "other", "url": str(VIDEOS / CLIPS["street"]), **looping},
         ],
         redis_url=redis_url,
         prefix=prefix,
         transport={"kind": "shm"},
+        decoding={"cameras_per_process": 2},
     )
     daemon = subprocess.Popen(
         [sys.executable, "-m", "pipeline.cli", "run", str(config)],
@@ -192,16 +203,30 @@ def test_sigkilled_decoder_leaves_no_segment(assets, redis_url, prefix, tmp_path
         text=True,
     )
     try:
-        victim = wait_for(
-            lambda: [s for s in segments(prefix) if s.startswith(f"framebatch-{prefix}-victim-")],
+        rings = wait_for(
+            lambda: (
+                [ring_of(c, prefix) for c in ("victim", "buddy", "other")]
+                if all(ring_of(c, prefix) for c in ("victim", "buddy", "other"))
+                else None
+            ),
             60,
-            "the victim decoder's ring",
-        )[0]
+            "the three cameras' rings",
+        )
+        victim, buddy, other = (found[0] for found in rings)
+        assert segment_pid(victim) == segment_pid(buddy) != segment_pid(other)
         wait_for(lambda: stale.name not in segments(prefix), 30, "the stale ring's removal")
-        time.sleep(1.0)  # some frames through the ring
+        time.sleep(1.0)  # some frames through the rings
         os.kill(segment_pid(victim), signal.SIGKILL)
-        wait_for(lambda: victim not in segments(prefix), 10, "the killed decoder's ring removal")
-        assert any(s.startswith(f"framebatch-{prefix}-other-") for s in segments(prefix))
+        wait_for(
+            lambda: victim not in segments(prefix) and buddy not in segments(prefix),
+            10,
+            "the killed process's rings removed",
+        )
+        back = wait_for(
+            lambda: ring_of("victim", prefix) and ring_of("buddy", prefix), 30, "both back"
+        )
+        assert segment_pid(back[0]) != segment_pid(victim)  # on a new process
+        assert ring_of("other", prefix) == [other]  # untouched
     finally:
         daemon.send_signal(signal.SIGTERM)
         try:
@@ -210,7 +235,8 @@ def test_sigkilled_decoder_leaves_no_segment(assets, redis_url, prefix, tmp_path
             daemon.kill()
             out, err = daemon.communicate()
         stale.close()
-    assert "crashed" in err and "victim" in err
+    crashed = "\n".join(line for line in err.splitlines() if "died (exit code -9)" in line)
+    assert "'victim'" in crashed and "'buddy'" in crashed and "'other'" not in crashed
     assert "Traceback" not in err
     assert "transport_gone" not in out + err
     assert segments(prefix) == []

@@ -895,3 +895,16 @@ def test_a_file_replayed_as_live_sheds_like_the_camera_it_stands_for(until_done:
     assert spec.realtime and not spec.backpressure and not spec.live
     replay = parse_config(camera(url="clip.mp4", realtime=True), base_dir=BASE, environ={})
     assert decoder_spec(replay.cameras[0], default_backlog=8, until_done=True).backpressure
+
+
+@pytest.mark.parametrize(("max_fps", "backlog"), [(None, 8), (30.0, 8), (5.0, 5), (0.5, 1)])
+def test_a_sampled_live_camera_keeps_about_a_second_of_its_frames_waiting(max_fps, backlog):
+    """A live camera keeps one batch waiting, or what it sends in a second if that is less:
+    eight frames of a camera sampled at 0.5 fps would wait 16 s for the last one."""
+    from pipeline.supervisor.builders import decoder_spec
+
+    live = parse_config(
+        camera(url="rtsp://cam.local/stream", max_fps=max_fps), base_dir=BASE, environ={}
+    )
+    spec = decoder_spec(live.cameras[0], default_backlog=64, until_done=False, live_backlog=8)
+    assert spec.max_backlog == backlog

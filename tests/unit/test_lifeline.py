@@ -6,14 +6,14 @@ from __future__ import annotations
 import gc
 import os
 import signal
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from streams import transport
-from streams.decode_worker import AnyOf, ProcessFlag, leave_when_gone
+from streams.decode_process import leave_when_gone, ring_path
+from streams.decode_worker import ProcessFlag
 from streams.lifeline import ParentGone, raise_parent_gone_on
 from streams.shm_ring import ShmRing, segment_name
 from streams.transport import ShmEncoder, TransportSpec
@@ -118,7 +118,7 @@ def test_a_decoder_told_to_go_unlinks_its_ring_at_once(restore_sigusr1, tmp_path
         signal.SIGUSR1,
         parent_pid=os.getppid(),
         stopping=lambda: True,
-        on_gone=leave_when_gone(gone, encoder, spec),
+        on_gone=leave_when_gone(gone, [ring_path(encoder, spec)]),
     )
     with pytest.raises(ParentGone):
         signalled()
@@ -145,7 +145,7 @@ def test_a_decoder_told_to_go_as_its_ring_is_made_leaves_no_ring(
         signal.SIGUSR1,
         parent_pid=os.getppid(),
         stopping=lambda: True,
-        on_gone=leave_when_gone(gone, encoder, spec),
+        on_gone=leave_when_gone(gone, [ring_path(encoder, spec)]),
     )
     with pytest.raises(ParentGone):
         try:
@@ -153,16 +153,3 @@ def test_a_decoder_told_to_go_as_its_ring_is_made_leaves_no_ring(
         finally:
             encoder.close()  # the decoder's cleanup
     assert list(tmp_path.iterdir()) == []
-
-
-@pytest.mark.parametrize(
-    ("first", "second", "expected"), [(0, 0, False), (1, 0, True), (0, 1, True)]
-)
-def test_any_of_is_set_when_one_of_its_signals_is(first, second, expected):
-    signals = [threading.Event(), threading.Event()]
-    for event, on in zip(signals, (first, second), strict=True):
-        if on:
-            event.set()
-    either = AnyOf(*signals, None)
-    assert either.is_set() is expected
-    assert either.wait(0.05) is expected

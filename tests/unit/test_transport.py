@@ -222,6 +222,10 @@ def test_make_encoder_picks_the_transport(tmp_path: Path, caplog) -> None:
             make_encoder(auto, redis_url="redis://10.1.2.3:6379", **common), RawEncoder
         )
     assert caplog.text == ""
+    # a sampled camera: a ring's memory is not worth a few copies a second (shm by name is kept)
+    for max_fps, kind in [(0.5, RawEncoder), (5.0, RawEncoder), (10.0, ShmEncoder)]:
+        assert isinstance(make_encoder(auto, redis_url=local, max_fps=max_fps, **common), kind)
+    assert isinstance(make_encoder(shm, redis_url=local, max_fps=0.5, **common), ShmEncoder)
 
 
 @pytest.mark.parametrize(

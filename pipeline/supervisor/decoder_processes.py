@@ -1,0 +1,163 @@
+"""Which decode process decodes which camera: cameras are placed on processes of up to
+``cameras_per_process`` threads each (:mod:`streams.decode_process`), a new process started
+only when every running one is full.  Owned by the decoder supervisor's thread."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+
+from streams.decode_process import DecoderJob, Message, ProcessSettings, run_decoder_process
+from streams.decode_worker import ProcessFlag
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DecodeProcess:
+    process: BaseProcess
+    control: Connection  # both ways: jobs and stops to it, end entries and exits from it
+    stop: ProcessFlag  # its own: a decoder killed while waiting cannot hang set()
+    cameras: dict[str, int] = field(default_factory=dict)  # threads not exited yet: their run
+    stopping: bool = False
+
+    @property
+    def pid(self) -> int:
+        assert self.process.pid is not None
+        return self.process.pid
+
+
+class DecoderProcesses:
+    def __init__(
+        self, settings: ProcessSettings, released: ProcessFlag | None, cameras_per_process: int
+    ):
+        self._settings = settings
+        self._released = released
+        self._per_process = cameras_per_process
+        self._processes: list[DecodeProcess] = []
+        self._context = multiprocessing.get_context("spawn")
+
+    def start(self, job: DecoderJob) -> None:
+        """The camera's thread, on a running process with room, else on a new one."""
+        camera = job.spec.camera
+        placed = (
+            next(
+                (
+                    p
+                    for p in self._processes
+                    if not p.stopping
+                    and p.process.is_alive()
+                    and camera not in p.cameras  # a camera removed and back may still be draining
+                    and len(p.cameras) < self._per_process
+                ),
+                None,
+            )
+            or self._spawn()
+        )
+        placed.cameras[camera] = job.run
+        self._send(placed, ("start", job))
+
+    def stop_camera(self, camera: str) -> None:
+        for process in self._processes:
+            if camera in process.cameras:
+                self._send(process, ("stop", camera))
+
+    def stop_all(self) -> None:
+        for process in self._processes:
+            process.stopping = True
+            process.stop.set()
+
+    def running(self, camera: str) -> bool:
+        """The camera's thread has not exited, on a process that has not died."""
+        return any(camera in p.cameras and p.process.is_alive() for p in self._processes)
+
+    def messages(self) -> Iterator[Message]:
+        """What the processes reported since last asked (an exit also frees the camera's
+        place)."""
+        for process in self._processes:
+            yield from self._drain(process)
+
+    def dead(self) -> Iterator[tuple[DecodeProcess, list[Message], list[tuple[str, int]]]]:
+        """Processes that exited, each with its last messages and the cameras (and runs) whose
+        threads were still running then (the sessions it took down; none for a process that
+        ended cleanly); they are forgotten."""
+        for process in list(self._processes):
+            if process.process.is_alive():
+                continue
+            process.process.join()
+            last = list(self._drain(process))
+            self._processes.remove(process)
+            process.control.close()
+            yield process, last, sorted(process.cameras.items())
+
+    def kill_process_of(self, camera: str) -> None:
+        for process in self._processes:
+            if camera in process.cameras:
+                others = sorted(set(process.cameras) - {camera})
+                log.warning(
+                    "camera %s: decoder did not stop, its process killed (cameras restarting "
+                    "with it: %s)",
+                    camera,
+                    ", ".join(others) or "none",
+                )
+                process.process.kill()
+
+    def close(self, timeout_s: float) -> list[int]:
+        """Every process stopped and joined (stop → join → terminate → kill: none is left
+        behind); the pids they had."""
+        self.stop_all()
+        deadline = time.monotonic() + timeout_s
+        for process in self._processes:
+            process.process.join(max(0.0, deadline - time.monotonic()))
+        for process in self._processes:
+            if process.process.is_alive():
+                process.process.terminate()
+                process.process.join(2.0)
+            if process.process.is_alive():
+                process.process.kill()
+                process.process.join()
+        pids = [p.pid for p in self._processes]
+        for process in self._processes:
+            process.control.close()
+        self._processes = []
+        return pids
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._processes]
+
+    # --- inside -------------------------------------------------------------------------------
+    def _spawn(self) -> DecodeProcess:
+        ours, theirs = self._context.Pipe(duplex=True)
+        stop = ProcessFlag()
+        process = self._context.Process(
+            target=run_decoder_process,
+            args=(self._settings, stop, self._released, theirs),
+            name=f"fb-decoders-{len(self._processes)}",
+            daemon=True,
+        )
+        process.start()
+        theirs.close()  # the process holds its own copy
+        spawned = DecodeProcess(process, ours, stop)
+        self._processes.append(spawned)
+        return spawned
+
+    def _send(self, process: DecodeProcess, message: Message) -> None:
+        try:
+            process.control.send(message)
+        except OSError:
+            pass  # it died: found dead on the next tick, its cameras with it
+
+    def _drain(self, process: DecodeProcess) -> Iterator[Message]:
+        try:
+            while process.control.poll():
+                message = process.control.recv()
+                if message[0] == "exited":
+                    process.cameras.pop(message[1], None)
+                yield message
+        except (EOFError, OSError):
+            pass  # the process is gone and sent everything it had: nothing more to read
