@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 H264_SLICE_TYPES = (1, 5)  # coded slice of a non-IDR / IDR picture
 HEVC_VCL_TYPES = range(32)
 HEVC_SUB_LAYER_NON_REFERENCE_MAX = 14  # TRAIL_N .. RSV_VCL_N14: even types are not referenced
+HEVC_SPS = 33
 
 ReferenceTest = Callable[[bytes | memoryview], "bool | None"]  # a packet (buffer protocol)
 
@@ -48,37 +49,52 @@ def _h264_reference(units: Iterator[bytes]) -> bool | None:
     return False if seen else None
 
 
-def _hevc_reference(units: Iterator[bytes]) -> bool | None:
-    """Sub-layer non-reference pictures (even VCL types up to 14) are referenced by nothing
-    at their temporal layer or below; a camera's stream has one layer."""
-    seen = False
-    for unit in units:
-        if len(unit) < 2:
-            continue
-        kind = unit[0] >> 1 & 0x3F
-        if kind in HEVC_VCL_TYPES:
-            if kind > HEVC_SUB_LAYER_NON_REFERENCE_MAX or kind % 2:
-                return True
-            seen = True
-    return False if seen else None
+class _HevcReferences:
+    """A sub-layer non-reference picture (even VCL types up to 14) is referenced by nothing at
+    its temporal layer or below: by nothing at all when it is on the stream's highest layer
+    (a camera's stream has one).  The number of layers comes from ``hvcC`` or from an SPS
+    seen in the stream; until it is known, every picture is taken as a reference."""
+
+    def __init__(self, layers: int | None):
+        self.layers = layers or None  # 0 in hvcC: not known
+
+    def __call__(self, units: Iterator[bytes]) -> bool | None:
+        seen = False
+        for unit in units:
+            if len(unit) < 3:
+                continue
+            kind, temporal_id = unit[0] >> 1 & 0x3F, (unit[1] & 7) - 1
+            if kind == HEVC_SPS:
+                self.layers = (unit[2] >> 1 & 7) + 1  # sps_max_sub_layers_minus1
+            elif kind in HEVC_VCL_TYPES:
+                non_reference = kind <= HEVC_SUB_LAYER_NON_REFERENCE_MAX and not kind % 2
+                if not non_reference or self.layers is None or temporal_id != self.layers - 1:
+                    return True
+                seen = True
+        return False if seen else None
 
 
 def reference_test(codec: str, extradata: bytes | None) -> ReferenceTest | None:
     """A test for the stream's packets, or None where the codec's headers are not read here."""
+    extradata = extradata or b""
     if codec == "h264":
-        read, prefix_at = _h264_reference, 4  # avcC: lengthSizeMinusOne in byte 4
+        read: Callable[[Iterator[bytes]], bool | None] = _h264_reference
+        length_prefixed = extradata[:1] == b"\x01" and len(extradata) > 4  # avcC
+        size_at = 4  # lengthSizeMinusOne in byte 4
     elif codec == "hevc":
-        read, prefix_at = _hevc_reference, 21  # hvcC: lengthSizeMinusOne in byte 21
+        # hvcC, as FFmpeg tells it from Annex B (some writers put 0 in its version byte)
+        hvcc = len(extradata) > 22 and (extradata[0] or extradata[1] or extradata[2] > 1)
+        read = _HevcReferences((extradata[21] >> 3 & 7) if hvcc else None)  # numTemporalLayers
+        length_prefixed, size_at = bool(hvcc), 21  # lengthSizeMinusOne in byte 21
     else:
         return None
-    extradata = extradata or b""
-    if extradata[:1] == b"\x01" and len(extradata) > prefix_at:
-        size = (extradata[prefix_at] & 3) + 1
+    if length_prefixed:
+        size = (extradata[size_at] & 3) + 1
 
-        def length_prefixed(packet: bytes | memoryview) -> bool | None:
+        def length_prefixed_packet(packet: bytes | memoryview) -> bool | None:
             return read(_length_prefixed_units(bytes(packet), size))
 
-        return length_prefixed
+        return length_prefixed_packet
 
     def annex_b(packet: bytes | memoryview) -> bool | None:
         return read(_annex_b_units(bytes(packet)))

@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ from streams.decode_worker import (
     wait_until_read,
 )
 from streams.keys import StreamKeys
-from streams.lifeline import ParentGone, die_with_parent, raise_parent_gone_on
+from streams.lifeline import die_with_parent, raise_parent_gone_on
 from streams.logs import configure_process_logging
 from streams.redis_connect import DEFAULT_RECONNECT_TIMEOUT_S, connect
 from streams.redis_errors import is_outage
@@ -159,57 +160,90 @@ def decode_camera(
     """A camera's thread: decode until its session ends or ``stop`` (set by the process's main
     thread for this camera alone, or for all as the process stops or its daemon is gone),
     then (shm) keep the ring until the batcher has read its frames or ``released`` is set;
-    report the end entry and the exit."""
+    report the end entry, and always the exit (with why, unless the session ended)."""
     spec = job.spec
-    encoder = make_encoder(
-        job.transport,
-        redis_url=job.redis_url,
-        prefix=job.prefix,
-        camera=spec.camera,
-        max_backlog=spec.max_backlog,
-        pid=os.getpid(),
-        max_frame_bytes=job.max_frame_bytes,
-        max_fps=spec.max_fps,
-    )
-    ring = ring_path(encoder, job.transport)
-    if ring is not None:
-        rings.append(ring)
-    client, fail_fast = clients.pair(job)
-    keys = StreamKeys(job.prefix)
-    error: str | None = None
+    error: str | None = "decoder thread ended before its session did"
     try:
+        encoder = make_encoder(
+            job.transport,
+            redis_url=job.redis_url,
+            prefix=job.prefix,
+            camera=spec.camera,
+            max_backlog=spec.max_backlog,
+            pid=os.getpid(),
+            max_frame_bytes=job.max_frame_bytes,
+            max_fps=spec.max_fps,
+            run=job.run,
+        )
+        ring = ring_path(encoder, job.transport)
+        if ring is not None:
+            rings.append(ring)
+        try:
+            error = _decode(job, stop, encoder, clients, reports)
+        finally:
+            _release(job, encoder, error, clients, gone, released)
+            if ring is not None:
+                rings.remove(ring)
+    except Exception as exc:  # noqa: BLE001 (one camera's failure must not end the others)
+        error = _failure(spec.camera, exc)
+    finally:
+        reports.send("exited", spec.camera, job.run, error)
+
+
+def _decode(
+    job: DecoderJob,
+    stop: StopSignal,
+    encoder: FrameEncoder,
+    clients: _Clients,
+    reports: _Reports,
+) -> str | None:
+    """The session, to its end entry (sent); None, or why it ended without one."""
+    spec = job.spec
+    try:
+        client, fail_fast = clients.pair(job)
         end = DecodeWorker(
             spec=spec,
             redis_client=client,
-            keys=keys,
+            keys=StreamKeys(job.prefix),
             prepare=job.prepare,
             encoder=encoder,
             fail_fast_client=fail_fast,
         ).run(stop)
-        reports.send("end", spec.camera, job.run, end.to_fields())
     except redis.RedisError as exc:
         if not is_outage(exc):
-            error = _failure(spec.camera, exc)
-        else:  # the daemon fails the run for the same reason and says so once
-            log.error(
-                "camera %r: Redis unreachable for more than %.0f s; decoder stopped",
-                spec.camera,
-                job.reconnect_timeout_s,
-            )
-            error = "Redis unreachable"
+            return _failure(spec.camera, exc)
+        # the daemon fails the run for the same reason and says so once
+        log.error(
+            "camera %r: Redis unreachable for more than %.0f s; decoder stopped",
+            spec.camera,
+            job.reconnect_timeout_s,
+        )
+        return "Redis unreachable"
     except Exception as exc:  # noqa: BLE001 (one camera's failure must not end the others)
-        error = _failure(spec.camera, exc)
+        return _failure(spec.camera, exc)
+    reports.send("end", spec.camera, job.run, end.to_fields())
+    return None
+
+
+def _release(
+    job: DecoderJob,
+    encoder: FrameEncoder,
+    error: str | None,
+    clients: _Clients,
+    gone: ProcessFlag,
+    released: StopSignal | None,
+) -> None:
+    """The encoder closed: a shm ring once its frames are read (or nobody will read them)."""
+    try:
+        if encoder.holds_frames and error is None and not gone.is_set():
+            client, _ = clients.pair(job)
+            wait_until_read(
+                client, StreamKeys(job.prefix).frames(job.spec.camera), released, gone=gone
+            )
+    except redis.RedisError:
+        pass  # nobody can read the frames now: the ring goes
     finally:
-        try:
-            if encoder.holds_frames and error is None and not gone.is_set():
-                wait_until_read(client, keys.frames(spec.camera), released, gone=gone)
-        except redis.RedisError:
-            pass  # nobody can read the frames now: the ring goes
-        finally:
-            encoder.close()
-            if ring is not None:
-                rings.remove(ring)
-            reports.send("exited", spec.camera, job.run, error)
+        encoder.close()
 
 
 def _failure(camera: str, exc: BaseException) -> str:
@@ -291,10 +325,7 @@ def run_decoder_process(
                 cameras[argument][1].set()
     except (EOFError, OSError):
         gone.set()  # the supervisor's end of the pipe closed: it is gone
-    except ParentGone:
-        _stop_and_join(cameras, LEAVE_JOIN_S)  # their sessions end, if Redis is there
-        raise
-    finally:
+    finally:  # the daemon gone (ParentGone, or the flag): their sessions end, if Redis is there
         _stop_and_join(cameras, None if not gone.is_set() else LEAVE_JOIN_S)
         clients.close()
 
@@ -303,8 +334,10 @@ def _stop_and_join(
     cameras: dict[str, tuple[threading.Thread, threading.Event]], timeout: float | None
 ) -> None:
     """Each camera's own event is what its thread waits on (paced, or waiting for room):
-    set here, the process's stop reaches the threads without their polling a shared flag."""
+    set here, the process's stop reaches the threads without their polling a shared flag.
+    ``timeout``: for all of them together."""
     for _thread, stop in cameras.values():
         stop.set()
+    deadline = None if timeout is None else time.monotonic() + timeout
     for thread, _stop in cameras.values():
-        thread.join(timeout)
+        thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))

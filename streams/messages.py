@@ -1,6 +1,6 @@
 """Wire messages: frozen dataclasses with a schema version and explicit Redis field mapping.
 
-Every frame belongs to a decoder *session* (one decode process's life, a random id) and has a
+Every frame belongs to a decoder *session* (one start of a camera's decoder, a random id) and has a
 ``frame_id`` ``<session>:<seq>`` that is unique across decoder and daemon restarts, so consumers
 of at-least-once delivery can de-duplicate.  ``session`` and ``frame_id`` were added to schema 1
 without a version bump: they are additive, readers of either vintage read both.

@@ -135,13 +135,17 @@ class DecodeGate:
         """Whether the packet (a key frame's or not, at stream time ``at``) is left undecoded.
         ``reference``: reads whether the packet is a reference picture (None: not known)."""
         if key:
+            # the GOP before was cut short (or decoded as key frames only): its leading
+            # pictures, which refer to it, cannot be decoded
+            self._tail_skipped = self._skipping_to_key or self.keyframes_only
             if at is not None and self._last_key is not None and at > self._last_key:
                 self._gops.append(at - self._last_key)
             self._last_key = at if at is not None else self._last_key
-            self._tail_skipped, self._skipping_to_key = self._skipping_to_key, False
+            self._skipping_to_key = False
             if not self.keyframes_only or at is None:
                 return False
             if self._key_unused(at):
+                self._skipping_to_key = True  # should key frames stop being enough: its GOP
                 return True
             self._keys_in_flight.append(at)
             return False
@@ -167,7 +171,9 @@ class DecodeGate:
         """The sampler as it will be once the key frames decoded and not given back yet (a
         decoder holds a frame or more) have reached it: without them its due time lags a key
         frame behind, and no key frame would ever be found unused.  Frames in flight that are
-        left out only make the due time earlier: more is decoded, never less."""
+        left out (the non-key frames of a GOP decoded before key frames were enough) make the
+        due time earlier, so more is decoded; only one of them restarting the sampler's grid
+        (a loop, a gap in time) could move it later."""
         plan = copy.copy(sampler)
         for at in self._keys_in_flight:
             if sampler.last_at is None or at > sampler.last_at:

@@ -1,6 +1,7 @@
 """A same-host shared-memory ring of frame slots: a plain file in ``/dev/shm``, mapped with mmap.
 
-One decoder process owns one ring (its camera's) and is its only writer; the batcher maps it
+Each camera's decoder owns one ring (a decode process holds those of its cameras) and is its
+only writer; the batcher maps it
 read-only and copies pixels out by reference (segment name, slot, generation).  Plain files and
 ``mmap`` rather than ``multiprocessing.shared_memory``: its resource tracker unlinks segments of
 processes it did not start, which breaks a reader in another process tree.
@@ -63,9 +64,12 @@ class RingUnavailable(OSError):
     """A ring cannot be created here (no /dev/shm, or too little room in it)."""
 
 
-def segment_name(prefix: str, camera: str, pid: int) -> str:
-    """``framebatch-<prefix>-<camera>-<pid>``: the owner's pid lets a supervisor clean up."""
-    return f"{SEGMENT_PREFIX}{prefix}-{camera}-{pid}"
+def segment_name(prefix: str, camera: str, pid: int, run: int | None = None) -> str:
+    """``framebatch-<prefix>-<camera>[-r<run>]-<pid>``: the owner's pid lets a supervisor
+    clean up; ``run``, which start of the camera's decoder this is, tells a camera restarted
+    in the same process from the one before it (a reader keeps its mapping by name)."""
+    tag = "" if run is None else f"-r{run}"
+    return f"{SEGMENT_PREFIX}{prefix}-{camera}{tag}-{pid}"
 
 
 def segment_pid(name: str) -> int | None:

@@ -222,6 +222,7 @@ def make_encoder(
     pid: int,
     max_frame_bytes: int | None = None,
     max_fps: float | None = None,
+    run: int | None = None,
 ) -> FrameEncoder:
     """The encoder of one decode worker; shm (and auto) fall back to raw when Redis is on
     another host (the batcher may run there, where this machine's shared memory is out of
@@ -234,7 +235,7 @@ def make_encoder(
     if spec.kind == "shm" or (spec.kind == "auto" and not sampled):
         if redis_on_this_host(redis_url):
             return ShmEncoder(
-                name=segment_name(prefix, camera, pid),
+                name=segment_name(prefix, camera, pid, run),
                 slots=spec.ring_slots(max_backlog),
                 host=host_id(),
                 directory=Path(spec.shm_dir),

@@ -100,8 +100,8 @@ class DecoderProcesses:
             if camera in process.cameras:
                 others = sorted(set(process.cameras) - {camera})
                 log.warning(
-                    "camera %s: decoder did not stop, its process killed (cameras restarting "
-                    "with it: %s)",
+                    "camera %s: decoder did not stop, its process killed (its other cameras "
+                    "end with it, and live ones restart: %s)",
                     camera,
                     ", ".join(others) or "none",
                 )

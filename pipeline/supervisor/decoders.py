@@ -72,6 +72,7 @@ def abandon_rings(prefix: str) -> None:
 class _Decoder:
     spec: DecoderSpec
     removing: bool = False  # removed through the API: drains, never restarts
+    ended: bool = False  # the current run sent its end entry (its ring may still be read)
     kill_at: float | None = None  # removing: killed if still running then
     restarts: int = 0  # since the last healthy period: sets the backoff
     restart_at: float | None = None
@@ -141,6 +142,9 @@ class DecoderSupervisor(Part):
             for camera, run in cameras:
                 if run != self._sessions[camera]:
                     continue  # a thread of a camera removed and back: the camera runs on
+                if self._decoders[camera].ended:  # its session ended; the process died after
+                    self._decoders[camera].finished = True
+                    continue
                 self._ended_without_entry(
                     self._decoders[camera],
                     f"decoder process for camera {camera!r} died (exit code {code})",
@@ -250,6 +254,7 @@ class DecoderSupervisor(Part):
 
     def _start(self, spec: DecoderSpec) -> None:
         self._sessions[spec.camera] = self._sessions.get(spec.camera, 0) + 1  # each ends once
+        self._decoders[spec.camera].ended = False
         self._processes.start(self._job(spec))
 
     def _received(self, message: Message) -> None:
@@ -258,6 +263,8 @@ class DecoderSupervisor(Part):
         kind, camera, run, detail = message
         if kind == "end":
             self._keep_end(camera, detail)
+            if run == self._sessions.get(camera):
+                self._decoders[camera].ended = True
         elif kind == "exited" and run == self._sessions.get(camera):  # not one before it
             decoder = self._decoders[camera]
             if detail is None:
@@ -298,7 +305,7 @@ class DecoderSupervisor(Part):
         if self._processes.running(camera):
             if decoder.restarts and now - decoder.started_at >= HEALTHY_AFTER_S:
                 decoder.restarts = 0  # a crash after a healthy spell starts at 1 s again
-            if decoder.kill_at is not None and now >= decoder.kill_at:
+            if decoder.kill_at is not None and now >= decoder.kill_at and not decoder.ended:
                 self._processes.kill_process_of(camera)  # its sessions end once found dead
                 decoder.kill_at = None
             return

@@ -90,3 +90,21 @@ def test_non_reference_packets_are_the_frames_ffmpeg_skips_as_nonref(assets, cli
 
 def test_other_codecs_are_not_read():
     assert reference_test("mpeg4", b"") is None
+
+
+def hevc_unit(kind: int, temporal_id: int, payload: bytes = b"\xaa") -> bytes:
+    return b"\x00\x00\x00\x01" + bytes([kind << 1, temporal_id + 1]) + payload
+
+
+def test_hevc_non_reference_only_on_the_highest_temporal_layer_once_it_is_known():
+    """A sub-layer non-reference picture may still be referred to by a higher layer (a
+    camera's temporal scalability): it is skipped only on the highest layer, and nothing is
+    taken as non-reference before an SPS says how many layers there are."""
+    test = reference_test("hevc", b"")  # Annex B: no hvcC
+    trail_n = 0
+    assert test(hevc_unit(trail_n, 0)) is True  # layers not known yet
+    two_layers = b"\x00\x00\x00\x01" + bytes([33 << 1, 1, 0b0000_0010])  # max_sub_layers 2
+    test(two_layers)
+    assert test(hevc_unit(trail_n, 0)) is True  # layer 1 may refer to it
+    assert test(hevc_unit(trail_n, 1)) is False
+    assert test(hevc_unit(1, 1)) is True  # TRAIL_R: a reference on any layer

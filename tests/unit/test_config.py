@@ -899,8 +899,8 @@ def test_a_file_replayed_as_live_sheds_like_the_camera_it_stands_for(until_done:
 
 @pytest.mark.parametrize(("max_fps", "backlog"), [(None, 8), (30.0, 8), (5.0, 5), (0.5, 1)])
 def test_a_sampled_live_camera_keeps_about_a_second_of_its_frames_waiting(max_fps, backlog):
-    """A live camera keeps one batch waiting, or what it sends in a second if that is less:
-    eight frames of a camera sampled at 0.5 fps would wait 16 s for the last one."""
+    """A live camera keeps one batch waiting, or what it sends in a second if that is less (at
+    least one): eight frames of a camera sampled at 0.5 fps would wait 16 s for the last one."""
     from pipeline.supervisor.builders import decoder_spec
 
     live = parse_config(

@@ -221,6 +221,8 @@ def test_segment_names_carry_the_owner_pid() -> None:
     assert name == "framebatch-fb-x-door.1-4242"
     assert segment_pid(name) == 4242
     assert segment_pid("framebatch-fb-door") is None
+    restarted = segment_name("fb-x", "door.1", 4242, run=2)  # the camera's second start
+    assert restarted == "framebatch-fb-x-door.1-r2-4242" and segment_pid(restarted) == 4242
 
 
 def dead_pid() -> int:
