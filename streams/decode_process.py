@@ -281,7 +281,8 @@ def run_decoder_process(
     configure_process_logging(settings.log_level)  # the daemon's format, time stamps included
     keep_frame_buffers_apart()
     # the parent died or is terminating this process: ParentGone says so, and so does this
-    # flag, which the cameras' loops look at; lock-free (a signal handler that takes a lock
+    # flag, which the main loop (it stops the cameras) and each ring's release look at, should
+    # the exception be dropped in a finalizer; lock-free (a signal handler that takes a lock
     # deadlocks when a second signal interrupts it)
     gone = ProcessFlag()
     rings: list[Path] = []
