@@ -40,6 +40,10 @@ class ModelInfo:
     # takes images of any stride-aligned height and width (rectangular inference), not only
     # input_width x input_height
     any_size: bool = False
+    # the first run at each batch size is slower (kernels compiled or tuned per shape: OpenVINO,
+    # CUDA); False where one run warms every size (ONNX Runtime's CPU provider: its first batch
+    # of 8 takes as long as its second)
+    warms_per_size: bool = True
 
     def label(self, class_id: int) -> str:
         names = self.class_names

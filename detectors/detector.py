@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -76,8 +77,11 @@ class Detector:
         return self.detect([b.pixels for b in boxed], [b.geometry for b in boxed])
 
     def warmup(self, batch_sizes: Sequence[int], shape: tuple[int, int] | None = None) -> None:
-        """Run each batch size once on every instance, the instances side by side; ``shape``:
-        the (height, width) the pipeline will run when not the model's own input (rect)."""
+        """Run each batch size once on every instance (only the smallest where one run warms
+        every size), the instances side by side; ``shape``: the (height, width) the pipeline
+        will run when not the model's own input (rect)."""
+        if not self.info.warms_per_size:
+            batch_sizes = sorted(batch_sizes)[:1]
 
         def warm(instance: int) -> None:
             backend = self._backends[instance]
@@ -88,8 +92,31 @@ class Detector:
             for size in batch_sizes:
                 backend.infer(backend.prepare([blank] * size))
 
+        self._on_every_instance(warm)
+
+    def time_batches(
+        self, batch_sizes: Sequence[int], shape: tuple[int, int]
+    ) -> list[tuple[int, float]]:
+        """(size, seconds) of one inference of each size on every instance, the instances side
+        by side as the pipeline runs them (two one-thread sessions share the caches and the
+        memory bus: alone, each runs faster than it will)."""
+        samples: list[tuple[int, float]] = []
+        blank = np.full((*shape, 3), PAD_VALUE, np.uint8)
+
+        def timed(instance: int) -> None:
+            backend = self._backends[instance]
+            for size in batch_sizes:
+                prepared = backend.prepare([blank] * size)
+                started = time.perf_counter()
+                backend.infer(prepared)
+                samples.append((size, time.perf_counter() - started))  # append: atomic
+
+        self._on_every_instance(timed)
+        return samples
+
+    def _on_every_instance(self, work: Callable[[int], None]) -> None:
         with ThreadPoolExecutor(self.instances, thread_name_prefix="fb-warmup") as pool:
-            list(pool.map(warm, range(self.instances)))  # list(): re-raises a failure
+            list(pool.map(work, range(self.instances)))  # list(): re-raises a failure
 
     def close(self) -> None:
         for backend in self._backends:

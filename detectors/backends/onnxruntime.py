@@ -102,6 +102,7 @@ class OnnxRuntimeBackend:
             min_batch=batch if isinstance(batch, int) else 1,
             max_batch=batch if isinstance(batch, int) else None,
             any_size=any_size,
+            warms_per_size=device_kind != "cpu",
         )
 
     @staticmethod

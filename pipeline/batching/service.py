@@ -1,14 +1,24 @@
-"""Online model of the detector's service time: ``t(b) = a + c·b``, learned from finished batches.
+"""Online model of the detector's service time: ``t(b) = a + c·b``, learned from finished batches,
+and each batch size's own recent time.
 
 Exponentially weighted least squares over (batch size, seconds), so the model follows a device
 that warms up, throttles or is shared.  Until two different sizes have been seen the slope is
 unknown; the model then assumes the time is proportional to the batch (no batching gain), the
 cautious choice for deciding how long to wait.
+
+The line is what waits and deadlines are planned with.  Which batch size gives the most images a
+second is read from each size's own measured time where that size has run: on a CPU the cost per
+image grows with the batch (a batch's activations outgrow the core's caches: two one-thread
+ONNX Runtime sessions side by side do 47 images/s in batches of 1 and 37 in batches of 8 here,
+docs/benchmarks.md), which no line with ``a >= 0`` can show; on a GPU the measured times say the
+opposite, and the same rule picks the large batch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+SIZE_WEIGHT = 0.2  # a new batch's weight in its size's mean time: a few batches follow a change
 
 
 @dataclass
@@ -22,6 +32,7 @@ class ServiceModel:
     _bb: float = 0.0
     _bt: float = 0.0
     fitted: bool = False  # both terms fitted (two or more sizes seen), not the fallback
+    _measured: dict[int, float] = field(default_factory=dict)  # seconds by batch size (EWMA)
 
     @property
     def observed(self) -> bool:
@@ -43,11 +54,16 @@ class ServiceModel:
         else:  # one size so far: proportional to the batch
             self.a, self.c = 0.0, self._t / self._b
             self.fitted = False
+        last = self._measured.get(batch_size)
+        self._measured[batch_size] = (
+            seconds if last is None else last + SIZE_WEIGHT * (seconds - last)
+        )
 
     def estimate(self, batch_size: int) -> float:
         return self.a + self.c * batch_size
 
     def throughput(self, batch_size: int) -> float:
-        """Images per second at this batch size (inf when nothing is known)."""
-        seconds = self.estimate(batch_size)
+        """Images per second at this batch size: from its own measured time where it has run,
+        else from the line (inf when nothing is known)."""
+        seconds = self._measured.get(batch_size) or self.estimate(batch_size)
         return batch_size / seconds if seconds > 0 else float("inf")

@@ -10,10 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-import time
 from typing import Any
-
-import numpy as np
 
 from detectors.backends import backend_name_for, load_backend, plugin, takes_any_size
 from detectors.base import BackendOptions, ModelInfo
@@ -22,7 +19,7 @@ from detectors.postprocess import Thresholds
 from detectors.preprocess import Letterbox
 from pipeline.batching import BatchPolicy, CameraRules, make_policy
 from pipeline.batching.queues import queue_bound
-from pipeline.config import CameraConfig, Config, ConfigError
+from pipeline.config import BatchingConfig, CameraConfig, Config, ConfigError
 from streams.decode_worker import DecoderSpec
 from streams.transport import TransportSpec
 
@@ -96,9 +93,8 @@ def load_detector(config: Config, device: str | None = None) -> Detector:
     if problem is not None:
         detector.close()
         raise ValueError(problem)
-    sizes = sorted({1, *batching.preferred_batch_sizes, batching.max_batch_size})
     shape = run_shape(config, info)
-    detector.warmup(sizes, shape)
+    detector.warmup(seeded_sizes(batching), shape)
     log.info(
         "model %s on %s (%s): %d instance(s) x %s thread(s), %dx%d batches of up to %d, warm",
         model.path.name,
@@ -144,25 +140,16 @@ def inference_instances(config: Config, device: str) -> tuple[int, int | None]:
     return instances, max(1, threads // instances)
 
 
+def seeded_sizes(batching: BatchingConfig) -> list[int]:
+    """The batch sizes warmed up and timed before the first frame (the policy's t(b) seeds): one,
+    the preferred ones and the largest."""
+    return sorted({1, *batching.preferred_batch_sizes, batching.max_batch_size})
+
+
 def shard_cameras(cameras: list[str], workers: int) -> list[list[str]]:
     """Cameras dealt round-robin to the detector workers: a camera stays on one worker, so its
     results keep their order and its frames are counted in one place."""
     return [cameras[index::workers] for index in range(workers)]
-
-
-def time_batches(
-    detector: Detector, sizes: set[int], shape: tuple[int, int]
-) -> list[tuple[int, float]]:
-    """One timed inference per batch size on (height, width) images, after warm-up: seeds the
-    policy's service model (``run_shape``: the shape the pipeline will run)."""
-    samples = []
-    for size in sorted(sizes):
-        blank = [np.full((*shape, 3), 114, np.uint8)] * size
-        prepared = detector.prepare(blank)
-        started = time.perf_counter()
-        detector.infer(prepared)
-        samples.append((size, time.perf_counter() - started))
-    return samples
 
 
 def camera_rules(config: Config, camera: CameraConfig, *, until_done: bool) -> CameraRules:

@@ -43,8 +43,8 @@ from pipeline.supervisor.builders import (
     batching_policy,
     camera_rules,
     run_shape,
+    seeded_sizes,
     shard_cameras,
-    time_batches,
 )
 from pipeline.supervisor.part import Part
 from pipeline.telemetry import Telemetry
@@ -318,8 +318,8 @@ class DetectorPool(Part):
         """One worker over its share of the cameras, its policy seeded with t(b)."""
         config = self._config
         policy = batching_policy(config, until_done=self._until_done)
-        sizes = {1, config.batching.max_batch_size}
-        for size, seconds in time_batches(detector, sizes, run_shape(config, detector.info)):
+        sizes = seeded_sizes(config.batching)
+        for size, seconds in detector.time_batches(sizes, run_shape(config, detector.info)):
             policy.observe(size, seconds)  # the policy knows t(b) before the first frame
         self._active.update(plan.cameras)
         worker = BatchWorker(

@@ -45,6 +45,9 @@ def replay(assets, redis_url, redis_client_module, tmp_path_factory):
         redis_url=redis_url,
         prefix=prefix,
         max_batch_size=8,
+        # batches of up to 8, so parity is checked across batch sizes and camera mixes: the
+        # default policy runs a CPU's backlog in the batch size it measures fastest, often 1
+        batching_extra={"policy": "timeout"},
     )
     result = run_until_done(config)
     assert result.returncode == 0, result.stderr

@@ -970,6 +970,41 @@ def test_adaptive_backlog_goes_in_batches_of_the_efficient_size(
     assert len(policy.poll(0.0).batch) == expected
 
 
+@pytest.mark.parametrize(
+    ("measured", "expected"),
+    [
+        # a CPU: the cost per image grows with the batch (caches), as measured here
+        ({1: 0.0425, 8: 0.432}, 1),
+        ({1: 0.0425, 2: 0.086, 4: 0.16, 8: 0.432}, 4),
+        # a GPU: a large fixed cost, the full batch
+        ({1: 0.004, 8: 0.011}, 8),
+    ],
+)
+def test_adaptive_backlog_takes_the_size_with_the_best_measured_throughput(
+    measured: dict[int, float], expected: int
+) -> None:
+    """The line through t(1) and t(8) says nothing of a cost per image that grows with the
+    batch; each size's own time does."""
+    model = ServiceModel()
+    for _ in range(10):
+        for size, seconds in measured.items():
+            model.observe(size, seconds)
+    policy = build(AdaptivePolicy, 8, service=model)
+    fill(policy, [(f"c{i}", 0.0) for i in range(16)])
+    assert len(policy.poll(0.0).batch) == expected
+
+
+def test_service_model_follows_a_size_that_got_slower() -> None:
+    model = ServiceModel()
+    for size, seconds in [(1, 0.04), (8, 0.40)] * 5:
+        model.observe(size, seconds)
+    assert model.throughput(1) > model.throughput(8)
+    for _ in range(12):  # batches of one, now slowed down (another process took the cache)
+        model.observe(1, 0.06)
+    assert model.throughput(1) == pytest.approx(1 / 0.06, rel=0.05)
+    assert model.throughput(1) < model.throughput(8)
+
+
 def test_adaptive_sends_full_batches_until_the_service_time_is_fitted() -> None:
     policy = build(AdaptivePolicy, 8, service=fitted(0.0, 0.066, sizes=(1,)))  # one size seen
     fill(policy, [(f"c{i}", 0.0) for i in range(8)])
@@ -994,11 +1029,11 @@ def test_freshness_counts_the_wait_for_the_batch_ahead(start_delay_s: float, dro
     ("backlogged", "waiting", "dispatched", "wake_at"),
     [
         # a file job's measured rate follows the detector: it says nothing of its demand, so
-        # the policy waits for a full batch inside the window, and sleeps until a frame comes
-        # or the window closes instead of polling
+        # the policy waits for the efficient batch (7 here) inside the window, and sleeps
+        # until a frame comes or the window closes instead of polling
         (True, 1, 0, 1.0),
-        (True, 7, 0, 1.0),
-        (True, 8, 8, None),
+        (True, 6, 0, 1.0),
+        (True, 7, 7, None),
         # a live camera at the same measured rate: one frame alone keeps up, at once
         (False, 1, 1, None),
     ],

@@ -3,7 +3,9 @@ arrival rate and the learned service time say the detector cannot keep up at thi
 then it waits for the smallest batch that keeps up at ``target_utilisation``, never past a
 frame's window (``max_wait_frames`` of its own camera's frame interval, capped by
 ``max_wait_ms``).  It scales up at once, down only after ``hold`` consecutive decisions (the
-stability guard), snapped to preferred sizes.
+stability guard), snapped to preferred sizes.  Where throughput is all that counts (a file job's
+backlog, or more frames than any batch size keeps up with) it takes the smallest batch with
+(nearly) the best measured throughput: the largest on a GPU, often one on a CPU (service.py).
 """
 
 from __future__ import annotations
@@ -49,16 +51,20 @@ class AdaptivePolicy(BatchPolicy[T]):
         rate = self.queues.arrival_rate(now)
         sizes = range(1, self.max_batch_size + 1)
         raw = next((b for b in sizes if self.keeps_up(b, rate)), None)
-        if rate == math.inf:
-            # a file job's backlog: throughput is all that counts, and full batches never have
-            # less of it (t(b) = a + c·b, a >= 0); the efficient size would follow a model fed
-            # only the sizes it chose, which on a busy CPU can settle on batches of one
+        if rate == math.inf and not self.service.fitted:
+            # a file job's backlog, one size seen (at the start, or once the line forgot the
+            # other after some hundred batches of one size): full batches measure t(b) again
             raw = self.max_batch_size
-        elif raw is None:  # nothing keeps up: the smallest batch with (nearly) the best throughput
+        elif rate == math.inf or raw is None:
+            # a file job's backlog, or nothing keeps up: throughput is all that counts, so the
+            # smallest batch with (nearly) the best measured throughput (on a CPU often a small
+            # one, service.py)
             raw = self.efficient_size()
         # engine-friendly sizes, except at low load, where one frame alone keeps up
         snapped = raw if raw == 1 else next((p for p in self.preferred if p >= raw), raw)
-        if snapped >= self.target:  # falling behind costs more than a larger batch: follow at once
+        if snapped >= self.target or rate == math.inf:
+            # falling behind costs more than a larger batch, and a backlog has no traffic to be
+            # steady for: follow at once
             self.target, self._lower_streak = snapped, 0
         else:  # stability guard: shrink only when the lower target holds for a while
             self._lower_streak += 1
@@ -68,9 +74,9 @@ class AdaptivePolicy(BatchPolicy[T]):
 
     def efficient_size(self) -> int:
         """The smallest batch with (nearly) the best throughput: a larger one adds only latency."""
-        best = self.service.throughput(self.max_batch_size)
-        sizes = range(1, self.max_batch_size + 1)
-        return next(b for b in sizes if self.service.throughput(b) >= EFFICIENT_SHARE * best)
+        throughput = {b: self.service.throughput(b) for b in range(1, self.max_batch_size + 1)}
+        best = max(throughput.values())
+        return next(b for b, images_s in throughput.items() if images_s >= EFFICIENT_SHARE * best)
 
     def size_now(self, now: float) -> int:
         waiting = self.waiting
