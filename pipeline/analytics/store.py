@@ -11,14 +11,14 @@ commands the workers), so unpickling what framebatch wrote there adds no exposur
 another version (of framebatch or of ``trackers``), or one that does not unpickle, is not used:
 the camera's tracks start over, said in the log.
 
-Each track holds some twenty small arrays, most of them equal in every track (the Kalman
-filter's model matrices): arrays are written as raw bytes, and one equal to an array written
-before as a copy of it, which halves the time a state takes to write and shrinks it eightfold
-before compression.
+The tracker's tracks are written as a table (:mod:`pipeline.analytics.track_table`: one track
+as it is, the others' values in columns), not one by one: 50 tracks took 1.9 ms to write. Arrays
+are written as raw bytes, and one equal to an array written before as a copy of it.
 """
 
 from __future__ import annotations
 
+import copy
 import io
 import logging
 import pickle
@@ -29,12 +29,13 @@ from typing import Any
 import numpy as np
 import redis
 
+from pipeline.analytics import track_table
 from pipeline.analytics.state import CameraState
 from streams.keys import StreamKeys
 
 log = logging.getLogger(__name__)
 
-STATE_VERSION = 2
+STATE_VERSION = 3
 _HEADER = (
     f"framebatch-analytics/{STATE_VERSION}/framebatch-{version('framebatch')}"
     f"/trackers-{version('trackers')}\n"
@@ -49,12 +50,22 @@ def _copy_of(array: np.ndarray) -> np.ndarray:
     return array.copy()  # never shared after loading: the tracker updates arrays in place
 
 
+def _with_tracks(tracker: Any, table: track_table.TrackTable) -> Any:
+    tracker.tracks = table.unpack()
+    return tracker
+
+
 class _StatePickler(pickle.Pickler):
-    def __init__(self, file: io.BytesIO):
+    def __init__(self, file: io.BytesIO, tracker: Any):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self._written: dict[tuple[str, tuple[int, ...], bytes], np.ndarray] = {}
+        self._tracker = tracker  # whose tracks go in a table
 
     def reducer_override(self, obj: Any) -> Any:
+        if obj is self._tracker and (table := track_table.pack(obj.tracks)) is not None:
+            rest = copy.copy(obj)  # the tracker's own settings and counters, pickled as usual
+            rest.tracks = []
+            return _with_tracks, (rest, table)
         if type(obj) is not np.ndarray or obj.dtype.hasobject:
             return NotImplemented
         key = (obj.dtype.str, obj.shape, obj.tobytes())
@@ -66,7 +77,8 @@ class _StatePickler(pickle.Pickler):
 
 def dump_state(state: CameraState) -> bytes:
     buffer = io.BytesIO()
-    _StatePickler(buffer).dump(state)
+    tracker = state.tracker.tracker if state.tracker is not None else None
+    _StatePickler(buffer, tracker).dump(state)
     # level 1: what is left (mostly the tracks' own numbers) shrinks about 5x for ~0.1 ms
     return _HEADER + zlib.compress(buffer.getvalue(), 1)
 
