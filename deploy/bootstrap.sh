@@ -13,7 +13,7 @@ if [[ "${1:-}" == "--tests" ]]; then
              gstreamer1.0-plugins-bad gstreamer1.0-plugins-ugly gstreamer1.0-libav python3-gi
              prometheus chromium  # promtool and a real Prometheus; the live view in a browser
              iproute2  # ip netns: hosts for the several-hosts tests
-             mosquitto)  # a real MQTT broker: tests/integration/test_outputs.py
+             mosquitto openssl)  # a real MQTT broker, and certificates for its TLS listener
   # the tests cover the torch and OpenVINO backends and `framebatch export`: their extras
   extras="[test,ultralytics,openvino]"
 elif [[ "${1:-}" == "--export" ]]; then

@@ -18,6 +18,8 @@ import json
 import logging
 import os
 import secrets
+import socket
+import ssl
 import threading
 import time
 from collections.abc import Sequence
@@ -144,7 +146,7 @@ class MqttOutput:
         # count topic -> (time, seq, index) of the event whose count it shows: an older event (one
         # taken over from a process that died) must not put an older count back
         self._counts: dict[str, tuple[float, int, int]] = {}
-        address = parse_url(options.url)
+        address = self._address = parse_url(options.url)
         client_id = options.client_id or (
             f"framebatch-{self.name}-{os.getpid()}-{secrets.token_hex(3)}"
         )
@@ -157,7 +159,13 @@ class MqttOutput:
         if address.username is not None:
             self._client.username_pw_set(address.username, address.password)
         if address.tls:
-            self._client.tls_set(ca_certs=options.ca_file)
+            try:
+                self._client.tls_set(ca_certs=options.ca_file)
+            except OSError as exc:  # missing or unreadable; ssl.SSLError: not certificates
+                reason = str(exc) if isinstance(exc, ssl.SSLError) else exc.strerror or str(exc)
+                raise OutputError(
+                    f"mqtt output {self.name!r}: ca_file {options.ca_file!r}: {reason}"
+                ) from None
         self._client.reconnect_delay_set(options.reconnect_min_s, options.reconnect_max_s)
         self._client.max_queued_messages_set(4 * 2 * options.batch_size)
         self._client.on_connect = self._on_connect
@@ -208,8 +216,29 @@ class MqttOutput:
                 f"mqtt output {self.name!r}: the broker at {self._where} refused the user name "
                 f"or password ({refused})"
             )
+        if problem and self._address.tls and (untrusted := self._untrusted_certificate()):
+            self.close()
+            raise OutputError(
+                f"mqtt output {self.name!r}: the broker at {self._where} has a TLS certificate "
+                f"this host does not trust ({untrusted}); name its CA in ca_file"
+            )
         if problem:
             log.warning("mqtt output %r: %s; retrying in the background", self.name, problem)
+
+    def _untrusted_certificate(self) -> str | None:
+        """Why the broker's certificate fails the checks paho's TLS makes (the CA file or the
+        system's, the host name), or ``None``: paho's thread says only that it could not
+        connect, and no reconnecting mends a certificate this host does not trust."""
+        address = self._address
+        context = ssl.create_default_context(cafile=self._options.ca_file)
+        try:
+            with socket.create_connection((address.host, address.port), timeout=5) as raw:
+                with context.wrap_socket(raw, server_hostname=address.host):
+                    return None
+        except ssl.SSLCertVerificationError as exc:
+            return exc.verify_message or str(exc)
+        except OSError:  # not listening, another TLS failure: an outage, retried
+            return None
 
     def deliver(self, events: Sequence[ObjectEvent]) -> None:
         from paho.mqtt.client import MQTT_ERR_NO_CONN, MQTT_ERR_SUCCESS

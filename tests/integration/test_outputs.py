@@ -41,6 +41,7 @@ paho = pytest.importorskip("paho.mqtt.client", reason="paho-mqtt is not installe
 
 MOSQUITTO = shutil.which("mosquitto") or shutil.which("mosquitto", path="/usr/sbin:/sbin")
 MOSQUITTO_PASSWD = shutil.which("mosquitto_passwd")
+OPENSSL = shutil.which("openssl")
 SECRET = b"webhook-secret"
 
 
@@ -161,10 +162,31 @@ def receiver() -> Iterator[Receiver]:
 
 
 # --- a real MQTT broker -------------------------------------------------------------------------
-class Mosquitto:
-    """mosquitto on a free loopback port, with a password, persistent sessions, restartable."""
+def make_certificates(folder: Path) -> Path:
+    """A CA of the test's own and a certificate it signed for 127.0.0.1 (``server.crt``,
+    ``server.key``) in ``folder``; returns the CA's certificate."""
 
-    def __init__(self, folder: Path, user: str = "relay", password: str = "s3cret"):
+    def openssl(command: str) -> None:
+        subprocess.run([OPENSSL, *command.split()], cwd=folder, check=True, capture_output=True)
+
+    key = "-newkey rsa:2048 -nodes -days 2"
+    openssl(f"req -x509 {key} -keyout ca.key -out ca.crt -subj /CN=framebatch-test-CA")
+    openssl(f"req {key} -keyout server.key -out server.csr -subj /CN=127.0.0.1")
+    (folder / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    openssl(
+        "x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt "
+        "-days 2 -extfile san.cnf"
+    )
+    return folder / "ca.crt"
+
+
+class Mosquitto:
+    """mosquitto on a free loopback port, with a password, persistent sessions, restartable;
+    with ``tls``, its listener speaks TLS only, with a certificate from a CA of its own."""
+
+    def __init__(
+        self, folder: Path, user: str = "relay", password: str = "s3cret", *, tls: bool = False
+    ):
         self.folder, self.port = folder, free_tcp_port()
         self.user, self.password = user, password
         self.process: subprocess.Popen[bytes] | None = None
@@ -180,12 +202,17 @@ class Mosquitto:
             "persistence true",  # a subscriber's session outlives a restart
             f"persistence_location {folder}/",
         ]
+        self.ca_file: Path | None = make_certificates(folder) if tls else None
+        if self.ca_file is not None:
+            lines += [f"cafile {self.ca_file}", f"certfile {folder / 'server.crt'}"]
+            lines.append(f"keyfile {folder / 'server.key'}")
         if os.geteuid() == 0:
             lines.append("user root")  # else it drops to 'mosquitto', who cannot read tmp_path
         (folder / "mosquitto.conf").write_text("\n".join(lines) + "\n")
 
     def url(self, password: str | None = None) -> str:
-        return f"mqtt://{self.user}:{password or self.password}@127.0.0.1:{self.port}"
+        scheme = "mqtts" if self.ca_file is not None else "mqtt"
+        return f"{scheme}://{self.user}:{password or self.password}@127.0.0.1:{self.port}"
 
     def start(self) -> None:
         log = open(self.folder / "mosquitto.log", "ab")  # noqa: SIM115 (the process keeps it)
@@ -224,6 +251,16 @@ def broker(tmp_path: Path) -> Iterator[Mosquitto]:
     server.stop()
 
 
+@pytest.fixture
+def tls_broker(tmp_path: Path) -> Iterator[Mosquitto]:
+    if MOSQUITTO is None or MOSQUITTO_PASSWD is None or OPENSSL is None:
+        pytest.skip("mosquitto or openssl is not installed (apt-get install mosquitto openssl)")
+    server = Mosquitto(tmp_path, tls=True)
+    server.start()
+    yield server
+    server.stop()
+
+
 class Subscriber:
     """A persistent QoS 1 session on ``<prefix>/#``: what a receiver of the output sees."""
 
@@ -235,6 +272,8 @@ class Subscriber:
             paho.CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=False
         )
         self.client.username_pw_set(broker.user, broker.password)
+        if broker.ca_file is not None:
+            self.client.tls_set(ca_certs=str(broker.ca_file))
         self.client.reconnect_delay_set(1, 1)
 
         def on_connect(client: Any, userdata: Any, flags: Any, reason: Any, props: Any):
@@ -389,6 +428,57 @@ def test_mqtt_wrong_password_is_one_clear_line_without_it(
     with pytest.raises(BadInput) as at_start:
         OutputsPart([options], client=redis_client, keys=StreamKeys("x"), cameras=list)
     assert str(at_start.value) == message
+
+
+def test_mqtts_delivers_to_a_tls_broker_whose_ca_is_named(
+    redis_client: redis.Redis, prefix: str, tls_broker: Mosquitto, relays: list[OutputRelay]
+):
+    keys = StreamKeys(prefix)
+    watcher = Subscriber(tls_broker, f"{prefix}/#", f"watch-{prefix}")
+    options = mqtt.Options(
+        url=tls_broker.url(), ca_file=str(tls_broker.ca_file), topic_prefix=prefix
+    )
+    relay = relay_of(relays, redis_client, keys, lambda: ["door"], options)
+    written = events_of("door", range(1, 11))
+    write(redis_client, keys, written)
+    wait_for(
+        lambda: set(watcher.event_ids(f"{prefix}/events")) == ids(written),
+        "every event through the TLS listener",
+    )
+    assert watcher.topics()[f"{prefix}/door/door/car"][0] == b"10"
+    wait_for(lambda: relay.stats()["mqtt"].delivered == 10, "the PUBACKs counted")
+    assert "New client connected" in tls_broker.log()  # through TLS: the listener has no other
+    watcher.close()
+
+
+def test_mqtts_a_certificate_this_host_does_not_trust_is_one_clear_line(
+    tls_broker: Mosquitto, redis_client: redis.Redis
+):
+    options = mqtt.Options(url=tls_broker.url(), connect_timeout_s=5)  # the system's CAs
+    with pytest.raises(OutputError) as caught:
+        mqtt.open_output(options)
+    message = str(caught.value)
+    assert "\n" not in message and tls_broker.password not in message
+    assert f"mqtts://{tls_broker.user}:***@127.0.0.1:{tls_broker.port}" in message
+    assert "certificate this host does not trust (self-signed certificate" in message
+    assert message.endswith("; name its CA in ca_file")
+    with pytest.raises(BadInput) as at_start:
+        OutputsPart([options], client=redis_client, keys=StreamKeys("x"), cameras=list)
+    assert str(at_start.value) == message
+
+
+@pytest.mark.parametrize("content", [None, "not a certificate\n"])
+def test_mqtts_a_ca_file_that_is_missing_or_no_certificate_is_named(
+    tmp_path: Path, content: str | None
+):
+    ca_file = tmp_path / "ca.pem"
+    if content is not None:
+        ca_file.write_text(content)
+    url = f"mqtts://relay:s3cret@127.0.0.1:{free_tcp_port()}"
+    with pytest.raises(OutputError) as caught:
+        mqtt.open_output(mqtt.Options(url=url, ca_file=str(ca_file), connect_timeout_s=1))
+    assert str(caught.value).startswith(f"mqtt output 'mqtt': ca_file '{ca_file}': ")
+    assert "s3cret" not in str(caught.value)
 
 
 def test_mqtt_broker_down_at_start_is_an_outage_not_bad_input(tmp_path: Path):
