@@ -13,7 +13,8 @@ if [[ "${1:-}" == "--tests" ]]; then
              gstreamer1.0-plugins-bad gstreamer1.0-plugins-ugly gstreamer1.0-libav python3-gi
              prometheus chromium  # promtool and a real Prometheus; the live view in a browser
              iproute2  # ip netns: hosts for the several-hosts tests
-             mosquitto openssl)  # a real MQTT broker, and certificates for its TLS listener
+             mosquitto openssl  # a real MQTT broker, and certificates for its TLS listener
+             nats-server)  # a real NATS server with JetStream: tests/integration/test_output_nats.py
   # the tests cover the torch and OpenVINO backends and `framebatch export`: their extras
   extras="[test,ultralytics,openvino]"
 elif [[ "${1:-}" == "--export" ]]; then

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 import re
+import ssl
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -113,6 +114,23 @@ class OutputUnavailable(Exception):
 class OutputRejected(Exception):
     """The receiver refused the events (an HTTP 4xx other than 408/429): trying again would
     not change its answer, so they are counted dropped with cause ``rejected``."""
+
+
+def checked_url(url: str, parse: Callable[[str], object], expected: str) -> str:
+    """``url`` where ``parse`` reads it, else the config error ``must be <expected>`` (which
+    never repeats the URL: it may hold a password)."""
+    try:
+        parse(url)
+    except ValueError:
+        raise PydanticCustomError("config", f"must be {expected}") from None
+    return url
+
+
+def ca_file_error(kind: str, name: str, ca_file: str | None, exc: OSError) -> OutputError:
+    """A ``ca_file`` that could not be loaded, named: missing or unreadable (``OSError``), or
+    holding no certificate (``ssl.SSLError``)."""
+    reason = str(exc) if isinstance(exc, ssl.SSLError) else exc.strerror or str(exc)
+    return OutputError(f"{kind} output {name!r}: ca_file {ca_file!r}: {reason}")
 
 
 def backoff_delay(

@@ -31,7 +31,13 @@ from pydantic import Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from streams.object_events import ObjectEvent
-from streams.outputs.base import OutputError, OutputOptions, OutputUnavailable
+from streams.outputs.base import (
+    OutputError,
+    OutputOptions,
+    OutputUnavailable,
+    ca_file_error,
+    checked_url,
+)
 from streams.urls import redact_url
 
 log = logging.getLogger(__name__)
@@ -74,13 +80,7 @@ class Options(OutputOptions):
     @field_validator("url")
     @classmethod
     def _check_url(cls, url: str) -> str:
-        try:
-            parse_url(url)
-        except ValueError:
-            raise PydanticCustomError(
-                "config", "must be mqtt://[user:password@]host[:port] or mqtts://..."
-            ) from None
-        return url
+        return checked_url(url, parse_url, "mqtt://[user:password@]host[:port] or mqtts://...")
 
     @field_validator("topic_prefix")
     @classmethod
@@ -161,11 +161,8 @@ class MqttOutput:
         if address.tls:
             try:
                 self._client.tls_set(ca_certs=options.ca_file)
-            except OSError as exc:  # missing or unreadable; ssl.SSLError: not certificates
-                reason = str(exc) if isinstance(exc, ssl.SSLError) else exc.strerror or str(exc)
-                raise OutputError(
-                    f"mqtt output {self.name!r}: ca_file {options.ca_file!r}: {reason}"
-                ) from None
+            except OSError as exc:
+                raise ca_file_error("mqtt", self.name, options.ca_file, exc) from None
         self._client.reconnect_delay_set(options.reconnect_min_s, options.reconnect_max_s)
         self._client.max_queued_messages_set(4 * 2 * options.batch_size)
         self._client.on_connect = self._on_connect

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -34,6 +32,7 @@ from streams.outputs.base import OutputError
 from streams.outputs.relay import OutputRelay, OutputStats, output_group
 from tests.conftest import MODEL, REPO_ROOT, VIDEOS
 from tests.integration.runner import start_daemon, stop_daemon, write_config
+from tests.integration.servers import LoopbackServer
 
 pytestmark = pytest.mark.integration
 
@@ -180,16 +179,17 @@ def make_certificates(folder: Path) -> Path:
     return folder / "ca.crt"
 
 
-class Mosquitto:
-    """mosquitto on a free loopback port, with a password, persistent sessions, restartable;
-    with ``tls``, its listener speaks TLS only, with a certificate from a CA of its own."""
+class Mosquitto(LoopbackServer):
+    """mosquitto with a password and persistent sessions; with ``tls``, its listener speaks TLS
+    only, with a certificate from a CA of its own."""
+
+    name = "mosquitto"
 
     def __init__(
         self, folder: Path, user: str = "relay", password: str = "s3cret", *, tls: bool = False
     ):
-        self.folder, self.port = folder, free_tcp_port()
+        super().__init__(folder)
         self.user, self.password = user, password
-        self.process: subprocess.Popen[bytes] | None = None
         subprocess.run(
             [MOSQUITTO_PASSWD, "-b", "-c", str(folder / "passwords"), user, password],
             check=True,
@@ -210,35 +210,12 @@ class Mosquitto:
             lines.append("user root")  # else it drops to 'mosquitto', who cannot read tmp_path
         (folder / "mosquitto.conf").write_text("\n".join(lines) + "\n")
 
+    def command(self) -> list[str]:
+        return [MOSQUITTO, "-c", str(self.folder / "mosquitto.conf")]
+
     def url(self, password: str | None = None) -> str:
         scheme = "mqtts" if self.ca_file is not None else "mqtt"
         return f"{scheme}://{self.user}:{password or self.password}@127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        log = open(self.folder / "mosquitto.log", "ab")  # noqa: SIM115 (the process keeps it)
-        self.process = subprocess.Popen(
-            [MOSQUITTO, "-c", str(self.folder / "mosquitto.conf")],
-            stdout=log,
-            stderr=log,
-            stdin=subprocess.DEVNULL,
-        )
-        log.close()
-
-        def listening() -> bool:
-            assert self.process is not None and self.process.poll() is None, self.log()
-            with socket.socket() as sock:
-                return sock.connect_ex(("127.0.0.1", self.port)) == 0
-
-        wait_for(listening, "mosquitto to listen", timeout_s=10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)  # saves the sessions
-            self.process.wait(10)
-        self.process = None
-
-    def log(self) -> str:
-        return (self.folder / "mosquitto.log").read_text(errors="replace")
 
 
 @pytest.fixture
@@ -304,14 +281,6 @@ class Subscriber:
     def close(self) -> None:
         self.client.disconnect()
         self.client.loop_stop()
-
-
-@pytest.fixture
-def relays() -> Iterator[list[OutputRelay]]:
-    made: list[OutputRelay] = []
-    yield made
-    for relay in made:
-        relay.stop(timeout_s=2)
 
 
 def relay_of(

@@ -83,7 +83,12 @@ def test_a_config_of_both_outputs_validates():
             [{"kind": "mqtt", "url": "mqtt://a"}, {"kind": "mqtt", "url": "mqtt://b"}],
             "outputs[1].name: duplicate output name 'mqtt' (also outputs[0])",
         ),
-        ([{"kind": "kafka"}], "outputs[0].kind: unknown 'kafka' (one of: mqtt, webhook)"),
+        ([{"kind": "kafka"}], "outputs[0].kind: unknown 'kafka' (one of: mqtt, nats, webhook)"),
+        (
+            [{"kind": "nats", "url": "nats://h", "subject_prefix": "a.>"}],
+            "outputs[0].subject_prefix: must be subject tokens joined by '.', without '*', '>' "
+            "or spaces",
+        ),
         (
             [{"kind": "webhook", "url": "ftp://x"}],
             "outputs[0].url: must be an http:// or https:// URL with a host",
