@@ -45,6 +45,7 @@ from pipeline.analytics.snapshots import SnapshotStore
 from pipeline.analytics.stage import AnalyticsSettings
 from pipeline.config import Config
 from pipeline.errors import BadInput
+from pipeline.fleet.registry import CameraRegistry
 from pipeline.leases.camera_leases import lease_probes
 from pipeline.ledger.earlier_runs import drain
 from pipeline.ledger.summary import RunSummary
@@ -134,6 +135,10 @@ class Pipeline:
                 acks=services.acks,
             )
             since_ms = server_time_ms(services.client)  # stream entries older than this run
+            registry = None
+            if not until_done:  # a replay's cameras are the config's, and no one else's
+                registry = CameraRegistry(services.client, services.keys)
+                registry.seed(config.cameras)
             decoders = DecoderSupervisor(config, services, until_done=until_done)
             decoders.launch()  # first: their start-up overlaps the model load
             stack.callback(decoders.close)
@@ -151,6 +156,7 @@ class Pipeline:
                 until_done=until_done,
                 decoders=decoders,
                 pool=pool,
+                registry=registry,
             )
             http_url = start_http(
                 http_socket,

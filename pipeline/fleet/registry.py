@@ -228,6 +228,16 @@ class RegistryFollower:
         """The process no longer runs ``camera`` (it is removing it)."""
         self._applied.pop(camera, None)
 
+    def version(self, camera: str) -> int:
+        """The version of ``camera`` the process runs (0: none), what its own writes expect."""
+        return self._applied.get(camera, 0)
+
+
+def registry_versions(registry: CameraRegistry, cameras: Iterable[CameraConfig]) -> dict[str, int]:
+    """The registry's versions of ``cameras`` (a process's config, seeded already)."""
+    versions = registry.versions()[1]
+    return {camera.id: versions[camera.id] for camera in cameras if camera.id in versions}
+
 
 def differing(before: CameraConfig, after: CameraConfig) -> set[str]:
     """The settings that differ between two entries of a camera."""

@@ -7,6 +7,12 @@ accounted for, then its decoder starts and a detector worker reads it.  A camera
 drains: its decoder stops, and once every decoder session it had has ended and every frame it
 sent is processed or counted, it is ``removed`` (it stays in the list, the metrics and the
 summary; its id may be added again).  Cameras added live are not written back to the config.
+
+With a camera registry (``run`` without ``--until-done``: :mod:`pipeline.fleet.registry`),
+each change is written there first, checked against the version this daemon runs (a change
+made meanwhile through another process wins, and the request is told so: 409); the registry
+keeps the cameras an API added over a restart, and a change another process wrote is carried
+out here at the next tick, as if it had come through this API.
 """
 
 from __future__ import annotations
@@ -24,6 +30,14 @@ from pipeline.config import MAX_CAMERAS_PER_DAEMON, CameraConfig, Config
 from pipeline.config.analytics import AnalyticsConfig
 from pipeline.config.errors import ConfigError, format_validation_errors
 from pipeline.errors import BadInput
+from pipeline.fleet.registry import (
+    CameraRegistry,
+    RegisteredCamera,
+    RegistryConflict,
+    RegistryFollower,
+    differing,
+    registry_versions,
+)
 from pipeline.ledger.accounting import Accounting
 from pipeline.ledger.earlier_runs import drain
 from pipeline.serve.control import CameraConflict, CameraNotFound, CameraStates, CameraView
@@ -76,10 +90,19 @@ class LiveCameras(Part):
         until_done: bool,
         decoders: DecoderSupervisor,
         pool: DetectorPool,
+        registry: CameraRegistry | None = None,
     ):
         """``config_dir``: where relative file paths of cameras added are resolved (the
-        config's folder, as for the config's own cameras)."""
+        config's folder, as for the config's own cameras); ``registry``: seeded with the
+        config's cameras already, followed from here on."""
         self._config = config
+        self._registry = registry
+        self._follower = (
+            None
+            if registry is None
+            else RegistryFollower(registry, registry_versions(registry, config.cameras))
+        )
+        self._postponed: set[str] = set()  # registry changes that could not be applied yet
         self._config_dir = config_dir
         self._until_done = until_done
         self._decoders = decoders
@@ -107,6 +130,15 @@ class LiveCameras(Part):
             camera = CameraConfig.model_validate(data, context={"base_dir": self._config_dir})
         except ValidationError as exc:
             raise ConfigError(format_validation_errors(exc, CameraConfig), "camera") from None
+        self._check_new(camera)
+        if self._registry is not None:
+            version = self._registered(lambda r: r.add(camera))
+            self._follower.applied(camera.id, version)  # type: ignore[union-attr]
+        self._start(camera)
+        return self._control.camera(camera.id)
+
+    def _check_new(self, camera: CameraConfig) -> None:
+        """What refuses a camera before anything starts (409, 422)."""
         known = self._decoders.known(camera.id)
         if known and self._states.state(camera.id) != "removed":
             raise CameraConflict(f"camera id {camera.id!r} is in use")
@@ -120,7 +152,9 @@ class LiveCameras(Part):
             self._pool.check_analytics(camera.id, camera.analytics)
         except BadInput as exc:
             raise ConfigError([str(exc)], "camera") from None
-        if not known:  # what an earlier run left in its stream, as at start
+
+    def _start(self, camera: CameraConfig) -> None:
+        if not self._decoders.known(camera.id):  # what an earlier run left, as at start
             drain(
                 self._redis, self._keys, [camera.id], accounting=self._accounting, acks=self._acks
             )
@@ -133,15 +167,19 @@ class LiveCameras(Part):
         self._pool.set_analytics(camera.id, camera.analytics)
         self._pool.assign(camera.id, self._rules(camera))
         log.info("camera %s added (%s)", camera.id, redact_url(camera.url))
-        return self._control.camera(camera.id)
 
     def set_priority(self, camera_id: str, priority: int) -> CameraView:
         self._active(camera_id)
         camera = self._config.camera(camera_id).model_copy(update={"priority": priority})
+        self._write_change(camera)
+        self._apply_priority(camera)
+        return self._control.camera(camera_id)
+
+    def _apply_priority(self, camera: CameraConfig) -> None:
+        camera_id, priority = camera.id, camera.priority
         self._replace(camera)
         self._states.set_priority(camera_id, priority)
         self._pool.set_rules(camera_id, self._rules(camera))
-        return self._control.camera(camera_id)
 
     def analytics(self, camera_id: str) -> AnalyticsConfig | None:
         """The camera's analytics settings now (any thread)."""
@@ -169,21 +207,98 @@ class LiveCameras(Part):
             except RegionOutsideFrame as exc:
                 raise ConfigError([str(exc)], "analytics") from None
         camera = self._config.camera(camera_id).model_copy(update={"analytics": settings})
-        self._replace(camera)
-        self._pool.set_analytics(camera_id, settings)
-        log.info("camera %s: analytics %s", camera_id, "changed" if settings else "off")
+        self._write_change(camera)
+        self._apply_analytics(camera)
         return self._control.camera(camera_id)
+
+    def _apply_analytics(self, camera: CameraConfig) -> None:
+        self._replace(camera)
+        self._pool.set_analytics(camera.id, camera.analytics)
+        log.info("camera %s: analytics %s", camera.id, "changed" if camera.analytics else "off")
 
     def remove_camera(self, camera_id: str) -> CameraView:
         """Stop the camera's decoder; it is removed once drained (``tick``)."""
         self._active(camera_id)
+        if self._registry is not None:
+            expected = self._follower.version(camera_id)  # type: ignore[union-attr]
+            self._registered(lambda r: r.remove(camera_id, expected))
+            self._follower.forgot(camera_id)  # type: ignore[union-attr]
+        self._remove(camera_id)
+        return self._control.camera(camera_id)
+
+    def _remove(self, camera_id: str) -> None:
         self._decoders.remove(camera_id)
         self._pool.draining(camera_id)
         self._states.set(camera_id, "draining")
         log.info("camera %s: removing (draining its frames)", camera_id)
-        return self._control.camera(camera_id)
 
     def tick(self) -> None:
+        self._follow_registry()
+        self._finish_removals()
+
+    # --- the registry ---------------------------------------------------------------------------
+    def _registered(self, write: Callable[[CameraRegistry], int]) -> int:
+        """A write to the registry; the loser of a race is told (409)."""
+        try:
+            return write(self._registry)  # type: ignore[arg-type]
+        except RegistryConflict as exc:
+            raise CameraConflict(str(exc)) from None
+
+    def _write_change(self, camera: CameraConfig) -> None:
+        if self._registry is not None:
+            expected = self._follower.version(camera.id)  # type: ignore[union-attr]
+            version = self._registered(lambda r: r.change(camera, expected))
+            self._follower.applied(camera.id, version)  # type: ignore[union-attr]
+
+    def _follow_registry(self) -> None:
+        """Carry out what other processes wrote to the registry."""
+        if self._follower is None:
+            return
+        changes = self._follower.changes()
+        for entry in changes.added:
+            self._apply_added(entry)
+        for entry in changes.changed:
+            self._apply_changed(entry)
+        for camera_id in changes.removed:
+            if self._decoders.known(camera_id) and not self._decoders.removing(camera_id):
+                log.info("camera %s: removed in the registry", camera_id)
+                self._remove(camera_id)
+            self._follower.forgot(camera_id)
+
+    def _apply_added(self, entry: RegisteredCamera) -> None:
+        camera = entry.config
+        try:
+            self._check_new(camera)
+        except (CameraConflict, ConfigError) as exc:  # its id still draining, say: again later
+            if camera.id not in self._postponed:
+                log.warning("camera %s: added in the registry, not started yet: %s", camera.id, exc)
+                self._postponed.add(camera.id)
+            return
+        self._postponed.discard(camera.id)
+        self._start(camera)
+        self._follower.applied(camera.id, entry.version)  # type: ignore[union-attr]
+        log.info("camera %s: added from the registry (version %d)", camera.id, entry.version)
+
+    def _apply_changed(self, entry: RegisteredCamera) -> None:
+        camera = entry.config
+        if not self._decoders.known(camera.id) or self._decoders.removing(camera.id):
+            return  # removed here, or never ran here: a change to come as an add
+        settings = differing(self._config.camera(camera.id), camera)
+        if "priority" in settings:
+            self._apply_priority(camera)
+        if "analytics" in settings:
+            self._apply_analytics(camera)
+        rest = settings - {"priority", "analytics"}
+        if rest:
+            log.warning(
+                "camera %s: %s changed in the registry; a running camera takes priority and "
+                "analytics live, the rest when it is removed and added again",
+                camera.id,
+                ", ".join(sorted(rest)),
+            )
+        self._follower.applied(camera.id, entry.version)  # type: ignore[union-attr]
+
+    def _finish_removals(self) -> None:
         """Cameras drained: every decoder session ended and every frame read counted."""
         for camera in self._decoders.removals():
             if self._states.state(camera) == "removed" or not self._decoders.gone(camera):
