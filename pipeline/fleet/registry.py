@@ -5,10 +5,15 @@ that outlives them, and a camera added through any of their APIs is known to all
 Each camera is its config entry as validated (``CameraConfig``, as JSON) with a version: the
 registry's change counter when it was last written.  Keys, one hash slot on Redis Cluster
 (their braces): ``<prefix>:registry:{cameras}`` (id -> entry), ``...:versions`` (id ->
-version) and ``...:version`` (the counter).  Every write is one Lua script that checks what the
-writer expects first: the camera absent (an add), at the version the writer read (a change, a
-removal), or anything (the config's seeding).  Two writers racing: one wins, the other is told
-the version it lost to (:class:`RegistryConflict`).
+version), ``...:removing`` (the ids being removed) and ``...:version`` (the counter).  Every
+write is one Lua script that checks what the writer expects first: the camera absent (an add),
+at the version the writer read (a change, a removal), or anything (the config's seeding).  Two
+writers racing: one wins, the other is told the version it lost to (:class:`RegistryConflict`).
+
+A removal has two steps, so that no frame is left behind: :meth:`CameraRegistry.remove` marks
+the camera *removing* (its decoder stops, the detector worker that holds it reads to the end of
+its stream), and whoever finished its last frames :meth:`~CameraRegistry.retire` s it, which
+deletes it; its id may then be added again.
 
 Processes follow the registry by reading its counter each tick and, when it moved, the
 versions (:class:`RegistryFollower`): a change is seen within a tick, and one missed (a process
@@ -30,30 +35,38 @@ from streams.keys import StreamKeys
 
 log = logging.getLogger(__name__)
 
-#: KEYS: entries, versions, counter; ARGV: camera, entry JSON ('' removes), expected ('absent',
-#: 'any' or a version).  Returns {new counter, 0}, or {-1, version} (present, expected
-#: absent), or {-2, version or 0} (not at the version expected).
+#: KEYS: entries, versions, removing, counter; ARGV: camera, what ('put', 'removing',
+#: 'retire'), entry JSON (put), expected ('absent', 'any' or a version).  Returns {1, new
+#: counter} written, {0, counter} nothing to change (a put of the same entry), or the refusal
+#: with the camera's version: {-1, v} present (expected absent), {-2, v or 0} not at the
+#: version expected (or absent), {-3, v} being removed (a put or a second removal).
 _WRITE = """
 local current = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
-local expected = ARGV[3]
+local expected = ARGV[4]
+local what = ARGV[2]
+if what ~= 'retire' and redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1 then
+  return {-3, current}
+end
 if expected == 'absent' then
   if current ~= 0 then return {-1, current} end
 elseif expected ~= 'any' and tonumber(expected) ~= current then
   return {-2, current}
 end
-if ARGV[2] == '' then
-  if current == 0 then return {-2, 0} end
+if what ~= 'put' and current == 0 then return {-2, 0} end
+if what == 'put' and expected == 'any' and redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[3] then
+  return {0, tonumber(redis.call('GET', KEYS[4]) or '0')}
+end
+local version = redis.call('INCR', KEYS[4])
+if what == 'retire' then
   redis.call('HDEL', KEYS[1], ARGV[1])
   redis.call('HDEL', KEYS[2], ARGV[1])
-  return {redis.call('INCR', KEYS[3]), current}
+  redis.call('SREM', KEYS[3], ARGV[1])
+  return {1, version}
 end
-if expected == 'any' and redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
-  return {tonumber(redis.call('GET', KEYS[3]) or '0'), current}
-end
-local version = redis.call('INCR', KEYS[3])
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+if what == 'put' then redis.call('HSET', KEYS[1], ARGV[1], ARGV[3]) end
+if what == 'removing' then redis.call('SADD', KEYS[3], ARGV[1]) end
 redis.call('HSET', KEYS[2], ARGV[1], version)
-return {version, current}
+return {1, version}
 """
 
 
@@ -70,6 +83,7 @@ class RegistryConflict(Exception):
 class RegisteredCamera:
     config: CameraConfig
     version: int
+    removing: bool = False
 
 
 def entry_json(camera: CameraConfig) -> str:
@@ -82,60 +96,63 @@ class CameraRegistry:
     def __init__(self, client: redis.Redis, keys: StreamKeys):
         self._redis = client
         base = f"{keys.prefix}:registry:{{cameras}}"
-        self._keys = (base, f"{base}:versions", f"{base}:version")
+        self._keys = [base, f"{base}:versions", f"{base}:removing", f"{base}:version"]
         self._write = client.register_script(_WRITE)
 
     # --- writing ------------------------------------------------------------------------------
     def add(self, camera: CameraConfig) -> int:
-        """Registers a new camera; its version.  :class:`RegistryConflict` if the id is taken."""
-        version, current = self._run(camera.id, entry_json(camera), "absent")
-        if version < 0:
-            raise RegistryConflict(f"camera id {camera.id!r} is in use", current)
-        return version
+        """Registers a new camera; its version.  :class:`RegistryConflict` if the id is taken
+        (or still being removed)."""
+        return self._run(camera.id, "put", entry_json(camera), "absent")
 
     def change(self, camera: CameraConfig, expected: int) -> int:
         """Replaces a camera's entry, if it is still at version ``expected``; the new version."""
-        version, current = self._run(camera.id, entry_json(camera), str(expected))
-        if version < 0:
-            raise self._lost(camera.id, expected, current)
-        return version
+        return self._run(camera.id, "put", entry_json(camera), str(expected))
 
     def remove(self, camera: str, expected: int | None = None) -> int:
-        """Removes a camera (at version ``expected``, when given); the registry's version."""
-        version, current = self._run(camera, "", "any" if expected is None else str(expected))
-        if version < 0:
-            raise self._lost(camera, expected, current)
-        return version
+        """Marks a camera being removed (at version ``expected``, when given); its version."""
+        return self._run(camera, "removing", "", "any" if expected is None else str(expected))
+
+    def retire(self, camera: str) -> int:
+        """A camera removed and drained: deleted, its id free again."""
+        return self._run(camera, "retire", "", "any")
 
     def seed(self, cameras: Iterable[CameraConfig]) -> None:
         """The config's cameras, as the config has them: added, or changed where they differ;
-        cameras the registry holds besides (added through an API) stay."""
+        cameras the registry holds besides (added through an API) stay.  A camera being
+        removed is left to its removal (said in the log): the next start adds it again."""
         for camera in cameras:
-            self._run(camera.id, entry_json(camera), "any")
+            try:
+                self._run(camera.id, "put", entry_json(camera), "any")
+            except RegistryConflict as exc:
+                log.warning("camera %s: not seeded from the config: %s", camera.id, exc)
 
-    def _run(self, camera: str, entry: str, expected: str) -> tuple[int, int]:
-        version, current = self._write(keys=list(self._keys), args=[camera, entry, expected])
-        return int(version), int(current)
-
-    @staticmethod
-    def _lost(camera: str, expected: int | None, current: int) -> RegistryConflict:
-        if current == 0:
-            return RegistryConflict(f"camera {camera!r} is not in the registry", 0)
-        return RegistryConflict(
-            f"camera {camera!r} changed since version {expected} (now version {current}): "
+    def _run(self, camera: str, what: str, entry: str, expected: str) -> int:
+        status, value = self._write(keys=self._keys, args=[camera, what, entry, expected])
+        status, value = int(status), int(value)
+        if status >= 0:
+            return value
+        if status == -1:
+            raise RegistryConflict(f"camera id {camera!r} is in use", value)
+        if status == -3:
+            raise RegistryConflict(f"camera {camera!r} is being removed", value)
+        if value == 0:
+            raise RegistryConflict(f"camera {camera!r} is not in the registry", 0)
+        raise RegistryConflict(
+            f"camera {camera!r} changed since version {expected} (now version {value}): "
             "read it again and retry",
-            current,
+            value,
         )
 
     # --- reading ------------------------------------------------------------------------------
     def version(self) -> int:
         """The change counter: moves with every write that changed something."""
-        return int(self._redis.get(self._keys[2]) or 0)
+        return int(self._redis.get(self._keys[3]) or 0)
 
     def versions(self) -> tuple[int, dict[str, int]]:
         """The counter and each camera's version, read together."""
         pipe = self._redis.pipeline(transaction=True)
-        pipe.get(self._keys[2])
+        pipe.get(self._keys[3])
         pipe.hgetall(self._keys[1])
         counter, versions = pipe.execute()
         return int(counter or 0), {_text(c): int(v) for c, v in versions.items()}
@@ -149,14 +166,15 @@ class CameraRegistry:
         pipe = self._redis.pipeline(transaction=True)
         pipe.hmget(self._keys[0], names)
         pipe.hmget(self._keys[1], names)
-        entries, versions = pipe.execute()
+        pipe.smismember(self._keys[2], names)
+        entries, versions, removing = pipe.execute()
         found = {}
-        for name, entry, version in zip(names, entries, versions, strict=True):
+        for name, entry, version, gone in zip(names, entries, versions, removing, strict=True):
             if entry is None or version is None:
-                continue  # removed meanwhile
+                continue  # retired meanwhile
             camera = _validated(name, entry)
             if camera is not None:
-                found[name] = RegisteredCamera(camera, int(version))
+                found[name] = RegisteredCamera(camera, int(version), bool(gone))
         return found
 
     def get(self, camera: str) -> RegisteredCamera | None:
@@ -181,15 +199,16 @@ def _validated(name: str, entry: bytes | str) -> CameraConfig | None:
 
 @dataclass(frozen=True)
 class RegistryChanges:
-    """What changed since the follower last looked: cameras added, changed (new entries) and
-    removed."""
+    """What changed since the follower last looked: cameras added, changed (new entries),
+    being removed, and retired (gone from the registry)."""
 
     added: tuple[RegisteredCamera, ...] = ()
     changed: tuple[RegisteredCamera, ...] = ()
-    removed: tuple[str, ...] = ()
+    removing: tuple[RegisteredCamera, ...] = ()
+    retired: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.added or self.changed or self.removed)
+        return bool(self.added or self.changed or self.removing or self.retired)
 
 
 class RegistryFollower:
@@ -212,11 +231,14 @@ class RegistryFollower:
         counter, versions = self._registry.versions()
         stale = [c for c, v in versions.items() if self._applied.get(c) != v]
         entries = self._registry.entries(stale)
-        added = tuple(entries[c] for c in stale if c in entries and c not in self._applied)
-        changed = tuple(entries[c] for c in stale if c in entries and c in self._applied)
-        removed = tuple(sorted(c for c in self._applied if c not in versions))
+        ours = [entries[c] for c in stale if c in entries]
+        found = RegistryChanges(
+            added=tuple(e for e in ours if not e.removing and e.config.id not in self._applied),
+            changed=tuple(e for e in ours if not e.removing and e.config.id in self._applied),
+            removing=tuple(e for e in ours if e.removing),
+            retired=tuple(sorted(c for c in self._applied if c not in versions)),
+        )
         self._counter = counter
-        found = RegistryChanges(added, changed, removed)
         self._settled = not found
         return found
 
@@ -225,7 +247,7 @@ class RegistryFollower:
         self._applied[camera] = version
 
     def forgot(self, camera: str) -> None:
-        """The process no longer runs ``camera`` (it is removing it)."""
+        """The process no longer runs ``camera`` (it was retired)."""
         self._applied.pop(camera, None)
 
     def version(self, camera: str) -> int:

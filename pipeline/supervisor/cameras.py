@@ -12,7 +12,8 @@ With a camera registry (``run`` without ``--until-done``: :mod:`pipeline.fleet.r
 each change is written there first, checked against the version this daemon runs (a change
 made meanwhile through another process wins, and the request is told so: 409); the registry
 keeps the cameras an API added over a restart, and a change another process wrote is carried
-out here at the next tick, as if it had come through this API.
+out here at the next tick, as if it had come through this API.  A camera removed stays in the
+registry, being removed, until it has drained here; then its id is free again.
 """
 
 from __future__ import annotations
@@ -219,10 +220,10 @@ class LiveCameras(Part):
     def remove_camera(self, camera_id: str) -> CameraView:
         """Stop the camera's decoder; it is removed once drained (``tick``)."""
         self._active(camera_id)
-        if self._registry is not None:
+        if self._registry is not None:  # removing there until drained here (_finish_removals)
             expected = self._follower.version(camera_id)  # type: ignore[union-attr]
-            self._registered(lambda r: r.remove(camera_id, expected))
-            self._follower.forgot(camera_id)  # type: ignore[union-attr]
+            version = self._registered(lambda r: r.remove(camera_id, expected))
+            self._follower.applied(camera_id, version)  # type: ignore[union-attr]
         self._remove(camera_id)
         return self._control.camera(camera_id)
 
@@ -259,11 +260,28 @@ class LiveCameras(Part):
             self._apply_added(entry)
         for entry in changes.changed:
             self._apply_changed(entry)
-        for camera_id in changes.removed:
+        for entry in changes.removing:
+            camera_id = entry.config.id
             if self._decoders.known(camera_id) and not self._decoders.removing(camera_id):
                 log.info("camera %s: removed in the registry", camera_id)
                 self._remove(camera_id)
+            elif not self._decoders.known(camera_id):  # never ran here: nothing to drain
+                self._retire(camera_id)
+            self._follower.applied(camera_id, entry.version)
+        for camera_id in changes.retired:
+            if self._decoders.known(camera_id) and not self._decoders.removing(camera_id):
+                self._remove(camera_id)
             self._follower.forgot(camera_id)
+
+    def _retire(self, camera_id: str) -> None:
+        """Removed and drained here: the registry lets its id go."""
+        if self._registry is None:
+            return
+        try:
+            self._registry.retire(camera_id)
+        except RegistryConflict:
+            pass  # retired already (by another process that ran it)
+        self._follower.forgot(camera_id)  # type: ignore[union-attr]
 
     def _apply_added(self, entry: RegisteredCamera) -> None:
         camera = entry.config
@@ -309,6 +327,7 @@ class LiveCameras(Part):
             self._decoders.retire(camera)
             self._live.forget(camera)
             self._states.set(camera, "removed")
+            self._retire(camera)
             log.info("camera %s removed", camera)
 
     def _active(self, camera_id: str) -> None:

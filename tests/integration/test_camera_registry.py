@@ -50,12 +50,23 @@ def test_an_add_a_change_and_a_removal_each_check_what_the_writer_read(registry)
     with pytest.raises(RegistryConflict, match="changed since"):
         registry.remove("door", expected=first)
 
-    registry.remove("door", expected=second)
+    removing = registry.remove("door", expected=second)
+    assert registry.get("door") == registry.cameras()["door"]
+    assert registry.get("door").removing and registry.get("door").version == removing
+    for refused in (
+        lambda: registry.add(camera("door")),
+        lambda: registry.change(camera("door", priority=1), expected=removing),
+        lambda: registry.remove("door"),
+    ):
+        with pytest.raises(RegistryConflict, match="'door' is being removed"):
+            refused()
+    registry.retire("door")  # drained by whoever ran it
     assert registry.get("door") is None and registry.cameras() == {}
     with pytest.raises(RegistryConflict, match="'door' is not in the registry"):
         registry.remove("door")
     with pytest.raises(RegistryConflict, match="not in the registry"):
         registry.change(camera("door"), expected=second)
+    registry.add(camera("door"))  # the id is free again
 
 
 def race(registry: CameraRegistry, expected: int, writers: int = 4) -> list[object]:
@@ -96,11 +107,12 @@ def test_seeding_keeps_what_an_api_added_and_changes_only_what_differs(registry)
     registry.seed([camera("a"), camera("b", priority=1)])  # a restart: nothing changed
     assert registry.version() == before
     registry.add(camera("added-live"))
-    registry.seed([camera("a"), camera("b", priority=4)])  # the config edited
-    assert {c: e.config.priority for c, e in registry.cameras().items()} == {
-        "a": 0,
-        "b": 4,
-        "added-live": 0,
+    registry.remove("a")  # a removal not drained yet: left to it
+    registry.seed([camera("a", priority=2), camera("b", priority=4)])  # the config edited
+    assert {c: (e.config.priority, e.removing) for c, e in registry.cameras().items()} == {
+        "a": (0, True),
+        "b": (4, False),
+        "added-live": (0, False),
     }
 
 
@@ -122,14 +134,19 @@ def test_a_follower_sees_every_change_and_again_what_it_did_not_apply(registry):
     assert [c.config.id for c in seen.added] == ["c"]
     assert [(c.config.id, c.config.max_fps) for c in seen.changed] == [("b", 2.0)]
     assert differing(b_now.config, seen.changed[0].config) == {"max_fps"}
-    assert seen.removed == ("a",)
+    assert [c.config.id for c in seen.removing] == ["a"] and not seen.retired
 
     # "c" could not be added yet (its id still draining, say): it comes again, alone
     follower.applied("b", seen.changed[0].version)
-    follower.forgot("a")
+    follower.applied("a", seen.removing[0].version)
     again = follower.changes()
     assert [c.config.id for c in again.added] == ["c"] and not again.changed
     follower.applied("c", again.added[0].version)
+    assert not follower.changes()
+
+    registry.retire("a")  # drained where it ran
+    assert follower.changes().retired == ("a",)
+    follower.forgot("a")
     assert not follower.changes()
 
 

@@ -71,6 +71,13 @@ def test_run_follows_the_registry_and_its_api_added_cameras_survive_a_restart(
             wait_for(lambda: processing(client, "cam3"), 60, "cam3 added through the registry")
             registry.remove("cam1")
             wait_for(lambda: view(client, "cam1")["state"] == "removed", 60, "cam1 to drain")
+            wait_for(lambda: registry.get("cam1") is None, 5, "cam1 retired once drained")
+            removing = client.delete("/api/cameras/cam3")
+            assert removing.status_code == 202 and registry.get("cam3").removing
+            again = client.post("/api/cameras", json=third)
+            assert again.status_code == 409  # still draining here, and in the registry
+            wait_for(lambda: registry.get("cam3") is None, 60, "cam3 drained and retired")
+            assert client.post("/api/cameras", json=third).status_code == 201
 
             # this daemon's view of cam2 is current: its own change goes through
             assert client.patch("/api/cameras/cam2", json={"priority": 1}).status_code == 200
