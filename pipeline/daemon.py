@@ -45,6 +45,7 @@ from pipeline.analytics.snapshots import SnapshotStore
 from pipeline.analytics.stage import AnalyticsSettings
 from pipeline.config import Config
 from pipeline.errors import BadInput
+from pipeline.fleet.following import RegisteredDecoders, RegisteredLeases
 from pipeline.fleet.registry import CameraRegistry
 from pipeline.leases.camera_leases import lease_probes
 from pipeline.ledger.earlier_runs import drain
@@ -200,10 +201,13 @@ class Pipeline:
             events = EventRelay(services, on_event)
             # relayed once more after the decoders are joined: how each of them ended
             stack.callback(events.stop)
+            registry = CameraRegistry(services.client, services.keys)
+            registry.seed(config.cameras)
             # no detector worker here: a decoder keeps its ring until its stream is read
             decoders = DecoderSupervisor(config, services, rings_read_here=False)
             decoders.launch()
             stack.callback(decoders.close)
+            registered = RegisteredDecoders(registry, config, decoders, services)
             http_url = start_http(
                 http_socket, services, cameras=None, token=config.http.token, stack=stack
             )
@@ -212,7 +216,7 @@ class Pipeline:
                 stop=stop,
                 services=services,
                 stack=stack,
-                parts=[decoders, events],
+                parts=[decoders, registered, events],
                 ends_with=decoders,
                 http_url=http_url,
             )
@@ -248,6 +252,8 @@ class Pipeline:
             sink = _open_sink(config, services, stack)
             snapshots = _snapshot_store(config)
             outputs = _open_outputs(config, services, stack)  # a refused password: exit 2 now
+            registry = CameraRegistry(services.client, services.keys)
+            registry.seed(config.cameras)
             pool = DetectorPool.leased(
                 config,
                 _pool_resources(services, sink, config, snapshots),
@@ -274,7 +280,7 @@ class Pipeline:
                 stop=stop,
                 services=services,
                 stack=stack,
-                parts=[pool, events, outputs],
+                parts=[pool, RegisteredLeases(registry, pool, services), events, outputs],
                 ends_with=pool,
                 http_url=http_url,
             )

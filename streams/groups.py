@@ -27,6 +27,26 @@ def ensure_group(
             raise
 
 
+def all_read(client: redis.Redis, key: str, group: str = FRAMES_GROUP) -> bool:
+    """Every entry of the stream delivered to the group and acknowledged: a stream nothing
+    more is written to has been read to its end.  Redis 7's lag says so; where it cannot be
+    known (entries deleted inside the stream), the last id delivered is the stream's last."""
+    for info in client.xinfo_groups(key):
+        if _text(info["name"]) != group:
+            continue
+        if info["pending"]:
+            return False
+        if info.get("lag") is not None:
+            return info["lag"] == 0
+        last = client.xinfo_stream(key)["last-generated-id"]
+        return _text(info["last-delivered-id"]) == _text(last)
+    return False
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def pending_ids(client: redis.Redis, key: str, group: str = FRAMES_GROUP) -> set[bytes]:
     """Every entry of the group read and not acknowledged, by any consumer."""
     ids: set[bytes] = set()

@@ -5,15 +5,17 @@ that outlives them, and a camera added through any of their APIs is known to all
 Each camera is its config entry as validated (``CameraConfig``, as JSON) with a version: the
 registry's change counter when it was last written.  Keys, one hash slot on Redis Cluster
 (their braces): ``<prefix>:registry:{cameras}`` (id -> entry), ``...:versions`` (id ->
-version), ``...:removing`` (the ids being removed) and ``...:version`` (the counter).  Every
+version), ``...:removing`` and ``...:stopped`` (ids being removed, and of those, whose decoder
+stopped) and ``...:version`` (the counter).  Every
 write is one Lua script that checks what the writer expects first: the camera absent (an add),
 at the version the writer read (a change, a removal), or anything (the config's seeding).  Two
 writers racing: one wins, the other is told the version it lost to (:class:`RegistryConflict`).
 
-A removal has two steps, so that no frame is left behind: :meth:`CameraRegistry.remove` marks
-the camera *removing* (its decoder stops, the detector worker that holds it reads to the end of
-its stream), and whoever finished its last frames :meth:`~CameraRegistry.retire` s it, which
-deletes it; its id may then be added again.
+A removal has steps, so that no frame is left behind: :meth:`CameraRegistry.remove` marks the
+camera *removing*; its decoder stops, and the process that ran it says so
+(:meth:`~CameraRegistry.decoder_stopped`, ``...:stopped``); the detector worker that holds it
+reads its stream to the end, finishes its last frames and :meth:`~CameraRegistry.retire` s it,
+which deletes it; its id may then be added again.
 
 Processes follow the registry by reading its counter each tick and, when it moved, the
 versions (:class:`RegistryFollower`): a change is seen within a tick, and one missed (a process
@@ -35,7 +37,7 @@ from streams.keys import StreamKeys
 
 log = logging.getLogger(__name__)
 
-#: KEYS: entries, versions, removing, counter; ARGV: camera, what ('put', 'removing',
+#: KEYS: entries, versions, removing, counter, stopped; ARGV: camera, what ('put', 'removing',
 #: 'retire'), entry JSON (put), expected ('absent', 'any' or a version).  Returns {1, new
 #: counter} written, {0, counter} nothing to change (a put of the same entry), or the refusal
 #: with the camera's version: {-1, v} present (expected absent), {-2, v or 0} not at the
@@ -61,12 +63,19 @@ if what == 'retire' then
   redis.call('HDEL', KEYS[1], ARGV[1])
   redis.call('HDEL', KEYS[2], ARGV[1])
   redis.call('SREM', KEYS[3], ARGV[1])
+  redis.call('SREM', KEYS[5], ARGV[1])
   return {1, version}
 end
 if what == 'put' then redis.call('HSET', KEYS[1], ARGV[1], ARGV[3]) end
 if what == 'removing' then redis.call('SADD', KEYS[3], ARGV[1]) end
 redis.call('HSET', KEYS[2], ARGV[1], version)
 return {1, version}
+"""
+
+
+#: KEYS: removing, stopped; ARGV: camera.
+_DECODER_STOPPED = """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then redis.call('SADD', KEYS[2], ARGV[1]) end
 """
 
 
@@ -96,8 +105,15 @@ class CameraRegistry:
     def __init__(self, client: redis.Redis, keys: StreamKeys):
         self._redis = client
         base = f"{keys.prefix}:registry:{{cameras}}"
-        self._keys = [base, f"{base}:versions", f"{base}:removing", f"{base}:version"]
+        self._keys = [
+            base,
+            f"{base}:versions",
+            f"{base}:removing",
+            f"{base}:version",
+            f"{base}:stopped",
+        ]
         self._write = client.register_script(_WRITE)
+        self._stop = client.register_script(_DECODER_STOPPED)
 
     # --- writing ------------------------------------------------------------------------------
     def add(self, camera: CameraConfig) -> int:
@@ -116,6 +132,14 @@ class CameraRegistry:
     def retire(self, camera: str) -> int:
         """A camera removed and drained: deleted, its id free again."""
         return self._run(camera, "retire", "", "any")
+
+    def decoder_stopped(self, camera: str) -> None:
+        """The decoder of a camera being removed has exited: nothing more comes into its
+        stream (a camera not being removed is left as it is)."""
+        self._stop(keys=[self._keys[2], self._keys[4]], args=[camera])
+
+    def is_decoder_stopped(self, camera: str) -> bool:
+        return bool(self._redis.sismember(self._keys[4], camera))
 
     def seed(self, cameras: Iterable[CameraConfig]) -> None:
         """The config's cameras, as the config has them: added, or changed where they differ;
@@ -256,9 +280,10 @@ class RegistryFollower:
 
 
 def registry_versions(registry: CameraRegistry, cameras: Iterable[CameraConfig]) -> dict[str, int]:
-    """The registry's versions of ``cameras`` (a process's config, seeded already)."""
-    versions = registry.versions()[1]
-    return {camera.id: versions[camera.id] for camera in cameras if camera.id in versions}
+    """The registry's versions of ``cameras`` (a process's config, seeded already), but for
+    those being removed: a follower given these sees those as being removed at its first look."""
+    entries = registry.entries(camera.id for camera in cameras)
+    return {camera: entry.version for camera, entry in entries.items() if not entry.removing}
 
 
 def differing(before: CameraConfig, after: CameraConfig) -> set[str]:

@@ -153,6 +153,19 @@ class CameraLeases:
                 self.handing_over.discard(camera)
         self.valid_until = sent + self.ttl_s * VALID_SHARE
 
+    def add_camera(self, camera: str) -> None:
+        """A camera registered while the worker runs: competed for from the next tick."""
+        if camera not in self.cameras:
+            self.cameras.append(camera)
+
+    def drop_camera(self, camera: str) -> None:
+        """A camera retired from the registry: never taken again; its lease, if held, let go
+        (its frames are all finished: retiring waits for that)."""
+        if camera in self.cameras:
+            self.cameras.remove(camera)
+        if camera in self.held or camera in self.handing_over:
+            self.release(camera)
+
     def _hold_lease(self, camera: str) -> bool:
         return bool(self._hold(keys=[self.keys.lease(camera)], args=[self.worker_id, self._ttl_ms]))
 

@@ -109,6 +109,19 @@ class LeaseKeeper:
                 del self._handing_over[camera]
                 log.info("camera %s: handed over", camera)
 
+    def holds(self, camera: str) -> bool:
+        return camera in self._leases.held
+
+    def add_camera(self, camera: str) -> None:
+        self._leases.add_camera(camera)
+
+    def drop_camera(self, camera: str) -> None:
+        """A camera retired: read no more, its lease let go, never taken again."""
+        if camera in self._leases.held or camera in self._handing_over:
+            self._changes.forget(camera)
+            self._handing_over.pop(camera, None)
+        self._leases.drop_camera(camera)
+
     def may_read(self) -> bool:
         """The reader's gate: its leases are surely still its own."""
         return self._leases.valid()

@@ -31,6 +31,7 @@ from pipeline.config import MAX_CAMERAS_PER_DAEMON, CameraConfig, Config
 from pipeline.config.analytics import AnalyticsConfig
 from pipeline.config.errors import ConfigError, format_validation_errors
 from pipeline.errors import BadInput
+from pipeline.fleet.following import DETECTOR_SETTINGS, note_unapplied
 from pipeline.fleet.registry import (
     CameraRegistry,
     RegisteredCamera,
@@ -108,8 +109,8 @@ class LiveCameras(Part):
         self._until_done = until_done
         self._decoders = decoders
         self._pool = pool
+        self._services = services
         self._control = services.control
-        self._metrics = services.metrics
         self._live = services.live
         self._redis = services.client
         self._keys = services.keys
@@ -161,8 +162,7 @@ class LiveCameras(Part):
             )
         ensure_group(self._redis, self._keys.frames(camera.id))
         self._replace(camera)
-        self._states.add(camera.id, camera.url, camera.priority, camera.is_live, camera.paced)
-        self._metrics.add_camera(camera.id)
+        self._services.show_camera(camera)
         self._accounting.track(camera.id)
         self._decoders.add(camera)
         self._pool.set_analytics(camera.id, camera.analytics)
@@ -173,10 +173,10 @@ class LiveCameras(Part):
         self._active(camera_id)
         camera = self._config.camera(camera_id).model_copy(update={"priority": priority})
         self._write_change(camera)
-        self._apply_priority(camera)
+        self._apply_rules(camera)
         return self._control.camera(camera_id)
 
-    def _apply_priority(self, camera: CameraConfig) -> None:
+    def _apply_rules(self, camera: CameraConfig) -> None:
         camera_id, priority = camera.id, camera.priority
         self._replace(camera)
         self._states.set_priority(camera_id, priority)
@@ -302,18 +302,11 @@ class LiveCameras(Part):
         if not self._decoders.known(camera.id) or self._decoders.removing(camera.id):
             return  # removed here, or never ran here: a change to come as an add
         settings = differing(self._config.camera(camera.id), camera)
-        if "priority" in settings:
-            self._apply_priority(camera)
+        if settings & DETECTOR_SETTINGS:
+            self._apply_rules(camera)  # the camera's batching rules, its priority with them
         if "analytics" in settings:
             self._apply_analytics(camera)
-        rest = settings - {"priority", "analytics"}
-        if rest:
-            log.warning(
-                "camera %s: %s changed in the registry; a running camera takes priority and "
-                "analytics live, the rest when it is removed and added again",
-                camera.id,
-                ", ".join(sorted(rest)),
-            )
+        note_unapplied(camera, settings - DETECTOR_SETTINGS)
         self._follower.applied(camera.id, entry.version)  # type: ignore[union-attr]
 
     def _finish_removals(self) -> None:

@@ -215,6 +215,10 @@ class DecoderSupervisor(Part):
     def known(self, camera: str) -> bool:
         return camera in self._decoders
 
+    def running(self, camera: str) -> bool:
+        """The camera's decoder (thread, or process) has not exited."""
+        return self._processes.running(camera)
+
     def removing(self, camera: str) -> bool:
         return self._decoders[camera].removing
 

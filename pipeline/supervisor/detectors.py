@@ -29,7 +29,7 @@ import redis
 from detectors.detector import Detector
 from pipeline.analytics.stage import AnalyticsSettings
 from pipeline.batching import CameraRules
-from pipeline.config import Config
+from pipeline.config import CameraConfig, Config
 from pipeline.config.analytics import AnalyticsConfig
 from pipeline.errors import BadInput
 from pipeline.leases.camera_leases import CameraLeases, worker_alive
@@ -48,6 +48,7 @@ from pipeline.supervisor.builders import (
 )
 from pipeline.supervisor.part import Part
 from pipeline.telemetry import Telemetry
+from streams.groups import all_read
 from streams.keys import StreamKeys
 from streams.sinks import DetectionSink
 from streams.transport import FrameDecoder, host_id
@@ -115,6 +116,7 @@ class DetectorPool(Part):
         self._threads: list[threading.Thread] = []
         self._failures: list[BaseException] = []
         self._keeper: LeaseKeeper | None = None
+        self._lease_rules: dict[str, CameraRules] = {}  # leased: each camera's, as registered
         self._owner: dict[str, BatchWorker] = {}  # camera -> its worker (removed ones too)
         self._active: set[str] = set()  # cameras assigned and not forgotten
         self._label: Callable[[int], str] = str  # class names once a model is loaded
@@ -288,6 +290,36 @@ class DetectorPool(Part):
         self._active.discard(camera)
         self._owner[camera].changes.forget(camera)
 
+    # --- a leased worker's cameras, as the registry has them ----------------------------------
+    def follow(self, camera: CameraConfig) -> None:
+        """A camera registered (or changed): competed for through the leases, with these
+        settings; the worker holding it takes new ones with its next frame."""
+        assert self._keeper is not None, "a leased pool's"
+        self.check_analytics(camera.id, camera.analytics)
+        rules = camera_rules(self._config, camera, until_done=False)
+        known = camera.id in self._lease_rules
+        self._lease_rules[camera.id] = rules
+        self._resources.analytics.set(camera.id, camera.analytics)
+        if known and self._keeper.holds(camera.id):
+            self._workers[0].changes.set_rules(camera.id, rules)
+        self._keeper.add_camera(camera.id)
+
+    def drained(self, camera: str) -> bool:
+        """For a camera whose decoder has stopped: this worker holds it, every entry of its
+        stream is read and acknowledged, and every frame it read is finished; it may be
+        retired."""
+        if self._keeper is None or not self._keeper.holds(camera):
+            return False
+        if self._resources.accounting.outstanding(camera):
+            return False
+        return all_read(self._resources.redis_client, self._resources.keys.frames(camera))
+
+    def unfollow(self, camera: str) -> None:
+        """A camera retired from the registry: never read again."""
+        assert self._keeper is not None, "a leased pool's"
+        self._keeper.drop_camera(camera)
+        self._lease_rules.pop(camera, None)
+
     # --- inside -------------------------------------------------------------------------------
     def _context(self, plan: WorkerPlan) -> WorkerContext:
         resources = self._resources
@@ -357,11 +389,13 @@ class DetectorPool(Part):
         leases = CameraLeases(
             client, keys, worker_id, cameras, ttl_s=self._config.redis.lease_ttl_s
         )
-        rules = {
-            camera.id: camera_rules(self._config, camera, until_done=self._until_done)
+        self._lease_rules.update(
+            (camera.id, camera_rules(self._config, camera, until_done=self._until_done))
             for camera in self._config.cameras
-        }
-        return LeaseKeeper(context, leases=leases, changes=changes, rules=rules.__getitem__)
+        )
+        return LeaseKeeper(
+            context, leases=leases, changes=changes, rules=self._lease_rules.__getitem__
+        )
 
     def _run_worker(self, worker: BatchWorker) -> None:
         try:

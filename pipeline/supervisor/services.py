@@ -12,7 +12,7 @@ from typing import Any
 import redis
 from prometheus_client import CollectorRegistry
 
-from pipeline.config import Config
+from pipeline.config import CameraConfig, Config
 from pipeline.ledger.accounting import Accounting
 from pipeline.ledger.acks import FrameAcks
 from pipeline.serve.control import CameraStates, Control
@@ -49,6 +49,12 @@ class Services:
     @property
     def states(self) -> CameraStates:
         return self.control.states
+
+    def show_camera(self, camera: CameraConfig) -> None:
+        """A camera of this run in the API's list and the metrics (at zero until its first
+        frame)."""
+        self.states.add(camera.id, camera.url, camera.priority, camera.is_live, camera.paced)
+        self.metrics.add_camera(camera.id)
 
 
 def open_services(
@@ -104,13 +110,10 @@ def open_services(
         max_silence_s=config.redis.reconnect_timeout_s + 10,
     )
     stack.callback(control.stopped)
-    for camera in config.cameras:
-        control.states.add(camera.id, camera.url, camera.priority, camera.is_live, camera.paced)
-        metrics.add_camera(camera.id)
     gpus = [int(d.split(":")[1]) for d in config.model.worker_devices if ":" in d]
     registry.register(StateCollector(control, metrics.utilization, gpus))
     acks = FrameAcks(redis_client=client, keys=keys, ledger_maxlen=config.redis.detections_maxlen)
-    return Services(
+    services = Services(
         redis_url=redis_url,
         keys=keys,
         client=client,
@@ -122,3 +125,6 @@ def open_services(
         control=control,
         acks=acks,
     )
+    for camera in config.cameras:
+        services.show_camera(camera)
+    return services

@@ -1,0 +1,153 @@
+"""Split roles following the camera registry (:mod:`pipeline.fleet.registry`), each at the
+supervisor's tick:
+
+* ``framebatch decode`` (:class:`RegisteredDecoders`): a decoder for each camera registered,
+  stopped when the camera is being removed, and its exit told to the registry;
+* ``framebatch detect`` (:class:`RegisteredLeases`): every camera registered is competed for
+  through the leases, with its settings as registered; once a removed camera's decoder has
+  stopped, the worker that holds it reads its stream to the end, finishes its frames, then
+  retires it (another worker takes that over if this one dies meanwhile).
+
+A detector worker takes a camera's new detector settings (priority, waits, freshness,
+analytics) live; a decoder's (its URL, its sampling...) take effect when the camera is removed
+and added again, which the decode process's log says.  Decoders are not sharded yet: every
+decode process decodes every camera (run one).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pipeline.config import CameraConfig, Config
+from pipeline.errors import BadInput
+from pipeline.fleet.registry import (
+    CameraRegistry,
+    RegisteredCamera,
+    RegistryConflict,
+    RegistryFollower,
+    differing,
+    registry_versions,
+)
+from pipeline.supervisor.decoders import DecoderSupervisor
+from pipeline.supervisor.detectors import DetectorPool
+from pipeline.supervisor.part import Part
+from pipeline.supervisor.services import Services
+
+log = logging.getLogger(__name__)
+
+#: what a detector worker takes live; the rest of a camera's entry is its decoder's
+DETECTOR_SETTINGS = frozenset(
+    {"priority", "analytics", "max_wait_frames", "max_wait_ms", "max_frame_age_ms", "keep_latest"}
+)
+
+
+def note_unapplied(camera: CameraConfig, settings: set[str]) -> None:
+    """Says which of a running camera's changed settings wait for it to be added again."""
+    if settings:
+        log.warning(
+            "camera %s: %s changed in the registry; a running camera takes these when it is "
+            "removed and added again",
+            camera.id,
+            ", ".join(sorted(settings)),
+        )
+
+
+class RegisteredDecoders(Part):
+    """``framebatch decode``'s decoders as the registry has the cameras."""
+
+    def __init__(
+        self,
+        registry: CameraRegistry,
+        config: Config,
+        decoders: DecoderSupervisor,
+        services: Services,
+    ):
+        self._registry = registry
+        self._follower = RegistryFollower(registry, registry_versions(registry, config.cameras))
+        self._decoders = decoders
+        self._services = services
+        self._stopping: set[str] = set()  # being removed: their decoders' exit to be told
+        self._cameras = {camera.id: camera for camera in config.cameras}
+
+    def tick(self) -> None:
+        changes = self._follower.changes()
+        for entry in changes.added:
+            self._services.show_camera(entry.config)
+            self._decoders.add(entry.config)
+            self._cameras[entry.config.id] = entry.config
+            self._follower.applied(entry.config.id, entry.version)
+            log.info("camera %s: added from the registry", entry.config.id)
+        for entry in changes.changed:
+            before = self._cameras.get(entry.config.id)
+            if before is not None:
+                note_unapplied(entry.config, differing(before, entry.config) - DETECTOR_SETTINGS)
+            self._follower.applied(entry.config.id, entry.version)
+        for entry in changes.removing:
+            self._stop(entry.config.id)
+            self._stopping.add(entry.config.id)
+            self._follower.applied(entry.config.id, entry.version)
+        for camera in changes.retired:
+            self._stop(camera)
+            self._stopping.discard(camera)
+            self._follower.forgot(camera)
+        for camera in sorted(self._stopping):
+            if not self._decoders.known(camera) or not self._decoders.running(camera):
+                self._registry.decoder_stopped(camera)  # its stream's last entry is written
+                self._stopping.discard(camera)
+
+    def _stop(self, camera: str) -> None:
+        if self._decoders.known(camera) and not self._decoders.removing(camera):
+            log.info("camera %s: being removed; its decoder stops", camera)
+            self._decoders.remove(camera)
+
+
+class RegisteredLeases(Part):
+    """``framebatch detect``'s cameras as the registry has them."""
+
+    def __init__(self, registry: CameraRegistry, pool: DetectorPool, services: Services):
+        self._registry = registry
+        self._services = services
+        # the config's cameras are the pool's already; following them again changes nothing
+        self._follower = RegistryFollower(registry)
+        self._pool = pool
+        self._removing: set[str] = set()
+        self._refused: set[str] = set()  # said once
+
+    def tick(self) -> None:
+        changes = self._follower.changes()
+        for entry in changes.added + changes.changed:
+            self._follow(entry)
+        for entry in changes.removing:
+            self._removing.add(entry.config.id)
+            self._follower.applied(entry.config.id, entry.version)
+        for camera in changes.retired:
+            self._removing.discard(camera)
+            self._pool.unfollow(camera)
+            self._follower.forgot(camera)
+        for camera in sorted(self._removing):
+            if self._registry.is_decoder_stopped(camera) and self._pool.drained(camera):
+                self._retire(camera)
+
+    def _follow(self, entry: RegisteredCamera) -> None:
+        camera = entry.config
+        try:
+            self._pool.follow(camera)
+        except BadInput as exc:  # analytics naming a class the model lacks
+            if camera.id not in self._refused:
+                log.warning("camera %s: registered, not read here: %s", camera.id, exc)
+                self._refused.add(camera.id)
+            return
+        self._refused.discard(camera.id)
+        if self._services.states.state(camera.id) is None:
+            self._services.show_camera(camera)
+        self._follower.applied(camera.id, entry.version)
+
+    def _retire(self, camera: str) -> None:
+        try:
+            self._registry.retire(camera)
+        except RegistryConflict:
+            pass  # retired already: another worker held it last
+        log.info("camera %s: drained and retired from the registry", camera)
+        self._removing.discard(camera)
+        self._pool.unfollow(camera)
+        self._follower.forgot(camera)

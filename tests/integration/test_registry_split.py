@@ -1,0 +1,60 @@
+"""Split roles following the camera registry on a real redis-server: a camera registered while
+``framebatch decode`` and ``framebatch detect`` run (as another process's API would) is
+decoded and detected; removed, its decoder stops, the worker holding it reads it to its end
+and retires it, every one of its frames detected or dropped with a cause."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from framebatch_tools.audit import audit_camera
+from pipeline.config import CameraConfig
+from pipeline.fleet.registry import CameraRegistry
+from streams.embedded_redis import EmbeddedRedis
+from streams.keys import StreamKeys
+from tests.conftest import MODEL, SAMPLE_CLIPS
+from tests.integration.runner import start_daemon, stop_daemon, wait_for, write_config
+
+pytestmark = pytest.mark.integration
+
+CLIP = SAMPLE_CLIPS / "testsrc_640x360_15fps.mp4"
+PREFIX = "registry"
+LOOPING = {"url": str(CLIP), "loop": True, "realtime": True, "fps": 5}
+
+
+def test_split_roles_follow_a_camera_registered_and_removed(assets, tmp_path):
+    keys = StreamKeys(PREFIX)
+    with EmbeddedRedis() as server, redis.Redis.from_url(server.url) as client:
+        config = write_config(
+            tmp_path / "split.yaml",
+            model=MODEL,
+            cameras=[{"id": "base", **LOOPING}],
+            redis_url=server.url,
+            prefix=PREFIX,
+            redis={"url": server.url, "prefix": PREFIX, "lease_ttl_s": 2.0},
+            max_batch_size=4,
+        )
+        registry = CameraRegistry(client, keys)
+        worker = start_daemon(config, "--http", "off", "--worker-id", "w1", command="detect")
+        decoders = start_daemon(config, "--http", "off", command="decode")
+        try:
+            wait_for(lambda: client.xlen(keys.detections("base")) > 0, 90, "base detected")
+            assert set(registry.cameras()) == {"base"}  # seeded by both, the same
+
+            registry.add(CameraConfig.model_validate({"id": "late", **LOOPING}))
+            wait_for(lambda: client.xlen(keys.detections("late")) >= 5, 60, "late detected")
+            assert client.get(keys.lease("late")) == b"w1"
+
+            registry.remove("late")
+            wait_for(lambda: registry.get("late") is None, 60, "late drained and retired")
+            report = audit_camera(client, keys, "late")
+            assert report.ok and report.sessions == 1 and report.frames >= 5, report.line()
+            assert client.get(keys.lease("late")) is None  # let go with it
+            assert client.xlen(keys.detections("base")) > 0
+        finally:
+            results = [stop_daemon(p) for p in (decoders, worker)]
+        for code, _out, err in results:
+            assert code == 0, err[-3000:]
+        assert "camera late: added from the registry" in results[0][2]
+        assert "camera late: drained and retired from the registry" in results[1][2]
