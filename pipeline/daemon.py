@@ -45,6 +45,7 @@ from pipeline.analytics.snapshots import SnapshotStore
 from pipeline.analytics.stage import AnalyticsSettings
 from pipeline.config import Config
 from pipeline.errors import BadInput
+from pipeline.fleet.api import RegisteredCameraOps
 from pipeline.fleet.following import RegisteredDecoders, RegisteredLeases
 from pipeline.fleet.registry import CameraRegistry
 from pipeline.leases.camera_leases import lease_probes
@@ -54,7 +55,7 @@ from pipeline.serve.control import CameraView
 from pipeline.serve.metrics import OutputsCollector
 from pipeline.supervisor.boundary import composing, run_errors
 from pipeline.supervisor.builders import check_run_mode, load_detector
-from pipeline.supervisor.cameras import FixedCameras, LiveCameras
+from pipeline.supervisor.cameras import LiveCameras
 from pipeline.supervisor.decoders import DecoderSupervisor
 from pipeline.supervisor.detectors import DetectorPool, PoolResources
 from pipeline.supervisor.endpoint import bind_http, start_http
@@ -228,6 +229,7 @@ class Pipeline:
         *,
         device: str | None = None,
         worker_id: str | None = None,
+        config_dir: Path | None = None,
         detector_factory: Callable[[Config, str], Detector] = load_detector,
         stop: threading.Event | None = None,
         on_event: OnEvent = lambda event: None,
@@ -236,7 +238,9 @@ class Pipeline:
     ) -> Pipeline:
         """``framebatch detect``: one detector worker on ``device`` (default: the config's
         first) that takes its cameras through leases, shared with the other workers of the
-        config's cameras; ``worker_id`` unique among them (default: host-pid-random)."""
+        config's cameras; ``worker_id`` unique among them (default: host-pid-random); the
+        cameras are the registry's, changed through the API of any worker (``config_dir``: where
+        relative paths of cameras added are resolved)."""
         _check_shared_redis(config, "detect")
         stop = stop or threading.Event()
         with composing(config) as stack:
@@ -265,9 +269,7 @@ class Pipeline:
             http_url = start_http(
                 http_socket,
                 services,
-                cameras=FixedCameras(
-                    "framebatch detect takes its cameras from the config only", pool.analytics
-                ),
+                cameras=RegisteredCameraOps(registry, services, pool, config_dir or Path.cwd()),
                 label=pool.label,
                 token=config.http.token,
                 stack=stack,

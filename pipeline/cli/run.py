@@ -99,6 +99,7 @@ def cmd_detect(args: argparse.Namespace) -> int:
             config,
             device=args.device,
             worker_id=args.worker_id,
+            config_dir=Path(args.config).absolute().parent,
             stop=stop,
             on_event=print_event,
         )

@@ -118,9 +118,11 @@ class RegisteredLeases(Part):
         for entry in changes.added + changes.changed:
             self._follow(entry)
         for entry in changes.removing:
+            self._services.states.set(entry.config.id, "draining")
             self._removing.add(entry.config.id)
             self._follower.applied(entry.config.id, entry.version)
         for camera in changes.retired:
+            self._services.states.set(camera, "removed")
             self._removing.discard(camera)
             self._pool.unfollow(camera)
             self._follower.forgot(camera)
@@ -148,6 +150,7 @@ class RegisteredLeases(Part):
         except RegistryConflict:
             pass  # retired already: another worker held it last
         log.info("camera %s: drained and retired from the registry", camera)
+        self._services.states.set(camera, "removed")
         self._removing.discard(camera)
         self._pool.unfollow(camera)
         self._follower.forgot(camera)

@@ -54,30 +54,32 @@ from streams.urls import redact_url
 log = logging.getLogger(__name__)
 
 
-class FixedCameras:
-    """The API's camera changes where the cameras come from the config only."""
+def validated_camera(data: dict[str, Any], config_dir: Path) -> CameraConfig:
+    """A camera of the API, validated as a config entry (relative paths from ``config_dir``);
+    ``ConfigError`` (422) names each field."""
+    try:
+        return CameraConfig.model_validate(data, context={"base_dir": config_dir})
+    except ValidationError as exc:
+        raise ConfigError(format_validation_errors(exc, CameraConfig), "camera") from None
 
-    def __init__(
-        self, reason: str, analytics: Callable[[str], AnalyticsConfig | None] = lambda c: None
-    ):
-        """``analytics``: each camera's settings, drawn in the live view."""
-        self._reason = reason
-        self._analytics = analytics
 
-    def add_camera(self, data: dict[str, Any]) -> CameraView:
-        raise CameraConflict(self._reason)
+def validated_analytics(data: Any) -> AnalyticsConfig | None:
+    """Analytics settings of the API (``None``: off), validated as ``cameras[].analytics``."""
+    try:
+        return None if data is None else AnalyticsConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = format_validation_errors(exc, AnalyticsConfig)
+        raise ConfigError([f"analytics.{line}" for line in lines], "analytics") from None
 
-    def set_priority(self, camera: str, priority: int) -> CameraView:
-        raise CameraNotFound(camera)
 
-    def analytics(self, camera: str) -> AnalyticsConfig | None:
-        return self._analytics(camera)
-
-    def set_analytics(self, camera: str, data: Any) -> CameraView:
-        raise CameraConflict(self._reason)
-
-    def remove_camera(self, camera: str) -> CameraView:
-        raise CameraNotFound(camera)
+def checked_analytics(
+    pool: DetectorPool, camera: str, settings: AnalyticsConfig | None, source: str
+) -> None:
+    """A class the model lacks, refused before anything changes (422)."""
+    try:
+        pool.check_analytics(camera, settings)
+    except BadInput as exc:
+        raise ConfigError([str(exc)], source) from None
 
 
 class LiveCameras(Part):
@@ -128,10 +130,7 @@ class LiveCameras(Part):
         """Validate a camera as a config entry, start its decoder and give it to a worker."""
         if self._until_done:
             raise CameraConflict("a --until-done run takes its cameras from the config only")
-        try:
-            camera = CameraConfig.model_validate(data, context={"base_dir": self._config_dir})
-        except ValidationError as exc:
-            raise ConfigError(format_validation_errors(exc, CameraConfig), "camera") from None
+        camera = validated_camera(data, self._config_dir)
         self._check_new(camera)
         if self._registry is not None:
             version = self._registered(lambda r: r.add(camera))
@@ -150,10 +149,7 @@ class LiveCameras(Part):
         maxlen = self._config.redis.frames_maxlen
         if camera.max_backlog is not None and camera.max_backlog > maxlen:
             raise ConfigError([f"max_backlog: must be <= redis.frames_maxlen ({maxlen})"], "camera")
-        try:  # a class the model lacks: refused before anything starts
-            self._pool.check_analytics(camera.id, camera.analytics)
-        except BadInput as exc:
-            raise ConfigError([str(exc)], "camera") from None
+        checked_analytics(self._pool, camera.id, camera.analytics, "camera")
 
     def _start(self, camera: CameraConfig) -> None:
         if not self._decoders.known(camera.id):  # what an earlier run left, as at start
@@ -191,15 +187,8 @@ class LiveCameras(Part):
         ``cameras[].analytics``; the camera's next frame follows them, its counts carried on
         (its tracks too, unless the tracker's settings changed)."""
         self._active(camera_id)
-        try:
-            settings = None if data is None else AnalyticsConfig.model_validate(data)
-        except ValidationError as exc:
-            lines = format_validation_errors(exc, AnalyticsConfig)
-            raise ConfigError([f"analytics.{line}" for line in lines], "analytics") from None
-        try:  # a class the model lacks
-            self._pool.check_analytics(camera_id, settings)
-        except BadInput as exc:
-            raise ConfigError([str(exc)], "analytics") from None
+        settings = validated_analytics(data)
+        checked_analytics(self._pool, camera_id, settings, "analytics")
         latest = self._live.latest(camera_id)
         if settings is not None and latest is not None:  # regions beyond its frames
             g = latest[0].geometry
