@@ -47,7 +47,7 @@ from pipeline.config import Config
 from pipeline.errors import BadInput
 from pipeline.fleet.api import RegisteredCameraOps
 from pipeline.fleet.following import RegisteredDecoders, RegisteredLeases
-from pipeline.fleet.registry import CameraRegistry
+from pipeline.fleet.registry import CameraRegistry, registry_probes
 from pipeline.leases.camera_leases import lease_probes
 from pipeline.ledger.earlier_runs import drain
 from pipeline.ledger.summary import RunSummary
@@ -121,7 +121,11 @@ class Pipeline:
         with composing(config) as stack:
             http_socket = bind_http(config, stack) if serve_http else None
             services = open_services(
-                config, stack, telemetry=telemetry, live_view=http_socket is not None
+                config,
+                stack,
+                telemetry=telemetry,
+                live_view=http_socket is not None,
+                probes=None if until_done else registry_probes,
             )
             events = EventRelay(services, on_event)
             sink = _open_sink(config, services, stack)
@@ -198,7 +202,9 @@ class Pipeline:
         stop = stop or threading.Event()
         with composing(config) as stack:
             http_socket = bind_http(config, stack) if serve_http else None
-            services = open_services(config, stack, telemetry=telemetry, live_view=False)
+            services = open_services(
+                config, stack, telemetry=telemetry, live_view=False, probes=registry_probes
+            )
             events = EventRelay(services, on_event)
             # relayed once more after the decoders are joined: how each of them ended
             stack.callback(events.stop)
@@ -250,7 +256,7 @@ class Pipeline:
                 stack,
                 telemetry=telemetry,
                 live_view=http_socket is not None,
-                probes=lease_probes,
+                probes=lambda client, key: lease_probes(client, key) + registry_probes(client, key),
             )
             events = EventRelay(services, on_event)
             sink = _open_sink(config, services, stack)

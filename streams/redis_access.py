@@ -21,6 +21,10 @@ from streams.urls import redact_url, url_scheme
 
 PROBE_GROUP = "framebatch-probe"
 _PROBE_SUFFIXES = ("", ":hash", ":workers", ":lease", ":cursor")
+#: the camera registry's probe keys (``pipeline.fleet.registry.registry_probes``)
+_PROBE_SUFFIXES += tuple(
+    ":registry" + part for part in ("", ":versions", ":removing", ":version", ":stopped")
+)
 
 
 class RedisAccessError(RuntimeError):
@@ -52,6 +56,14 @@ def _daemon_probes(client: redis.Redis, key: str) -> list[tuple[str, Callable[[]
     ]
 
 
+def _denied(exc: redis.RedisError) -> bool:
+    """An ACL denial: of the command itself, or of one a Lua script runs (which Redis reports
+    as a script error, not as NOPERM)."""
+    return isinstance(exc, redis.exceptions.NoPermissionError) or (
+        "can't run this command" in str(exc)
+    )
+
+
 def _key_in_another_slot(key: str) -> str:
     other = key
     while key_slot(other.encode()) == key_slot(key.encode()):
@@ -77,7 +89,9 @@ def check_access(
             try:
                 call()
                 reached = True
-            except redis.exceptions.NoPermissionError as exc:
+            except (redis.exceptions.NoPermissionError, redis.ResponseError) as exc:
+                if not _denied(exc):
+                    raise RedisAccessError(describe_redis_error(exc, url)) from None
                 raise RedisAccessError(
                     f"the Redis user at {redact_url(url)} may not run {command} on {key!r} "
                     f"({exc}): grant the commands and keys listed in docs/operations.md"

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import redis
@@ -102,9 +102,10 @@ def entry_json(camera: CameraConfig) -> str:
 
 
 class CameraRegistry:
-    def __init__(self, client: redis.Redis, keys: StreamKeys):
+    def __init__(self, client: redis.Redis, keys: StreamKeys, *, base: str | None = None):
+        """``base``: the registry's first key (default: ``<prefix>:registry:{cameras}``)."""
         self._redis = client
-        base = f"{keys.prefix}:registry:{{cameras}}"
+        base = base or f"{keys.prefix}:registry:{{cameras}}"
         self._keys = [
             base,
             f"{base}:versions",
@@ -206,6 +207,27 @@ class CameraRegistry:
 
     def cameras(self) -> dict[str, RegisteredCamera]:
         return self.entries(self.versions()[1])
+
+
+#: where the start-up probe puts its registry, under the probe key (``registry_probes``; the
+#: check removes its keys: ``streams.redis_access``)
+PROBE_SUFFIX = ":registry"
+
+
+def registry_probes(client: redis.Redis, key: str) -> list[tuple[str, Callable[[], object]]]:
+    """(what, call) for the commands the registry runs (in its scripts: HGET, HSET, HDEL,
+    INCR, GET, SADD, SREM, SISMEMBER; and HGETALL, HMGET, SMISMEMBER in transactions), on a
+    registry of probe keys under ``key``, for the start-up check of the Redis user's rights."""
+    registry = CameraRegistry(client, StreamKeys("probe"), base=key + PROBE_SUFFIX)
+    probe = CameraConfig(id="probe", url="rtsp://probe/probe")
+    return [
+        ("EVALSHA (camera registry: a change)", lambda: registry.seed([probe])),
+        ("EVALSHA (camera registry: a removal)", lambda: registry.remove("probe")),
+        ("EVALSHA (camera registry: a decoder stopped)", lambda: registry.decoder_stopped("probe")),
+        ("HMGET, SMISMEMBER (camera registry)", registry.cameras),
+        ("SISMEMBER (camera registry)", lambda: registry.is_decoder_stopped("probe")),
+        ("EVALSHA (camera registry: retired)", lambda: registry.retire("probe")),
+    ]
 
 
 def _text(value: bytes | str) -> str:

@@ -289,7 +289,9 @@ class LiveCameras(Part):
     def _apply_changed(self, entry: RegisteredCamera) -> None:
         camera = entry.config
         if not self._decoders.known(camera.id) or self._decoders.removing(camera.id):
-            return  # removed here, or never ran here: a change to come as an add
+            # being removed here (its id comes back as an add once retired): nothing to change
+            self._follower.applied(camera.id, entry.version)  # type: ignore[union-attr]
+            return
         settings = differing(self._config.camera(camera.id), camera)
         if settings & DETECTOR_SETTINGS:
             self._apply_rules(camera)  # the camera's batching rules, its priority with them

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
+from pipeline.fleet.registry import CameraRegistry
 from streams.keys import StreamKeys
 from tests.conftest import MODEL, SAMPLE_CLIPS
 from tests.integration.runner import framebatch, write_config
@@ -114,6 +115,26 @@ def test_an_acl_denial_names_the_command(
     assert password not in line.replace("pw ", "")  # the URL is shown redacted
 
 
+@pytest.mark.parametrize("documented", [True, False], ids=["registry-rules", "daemon-rules-only"])
+def test_a_daemon_on_a_shared_redis_checks_its_registry_commands_at_start(
+    redis_url, acl_user, prefix, tmp_path, assets, documented
+):
+    rules = [f"~{prefix}:*", *DAEMON_RULES, *(REGISTRY_RULES if documented else [])]
+    user, password = acl_user(*rules)
+    config = one_camera_config(tmp_path, assets, as_user(redis_url, user, password), prefix=prefix)
+    proc = framebatch("decode", str(config), "--http", "off", timeout=120)
+    if not documented:
+        _one_clear_line(proc, "may not run EVALSHA (camera registry: a change)")
+        return
+    assert proc.returncode == 0, proc.stderr[-3000:]  # its file decoded, the registry seeded
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert list(CameraRegistry(client, StreamKeys(prefix)).cameras()) == ["a"]
+        assert not client.keys(f"{prefix}:probe:*")  # the probe's keys, registry's too, gone
+    finally:
+        client.close()
+
+
 def test_rediss_against_a_plain_port_names_tls(redis_url, tmp_path, assets):
     where = urlsplit(redis_url)
     config = write_config(
@@ -163,18 +184,24 @@ DAEMON_RULES = (
 DETECT_RULES = (
     "+evalsha +script|load +eval +zadd +zrange +zremrangebyscore +zrem +zscore +get +set +pexpire"
 )
+#: what the camera registry adds on a shared Redis (run, decode, detect)
+REGISTRY_RULES = (
+    "+evalsha +script|load +eval +get +hget +hmget +hdel +incr +sadd +srem +sismember +smismember"
+).split()
 
 
 @pytest.mark.parametrize("documented", [True, False], ids=["detect-rules", "daemon-rules-only"])
 def test_a_detector_worker_checks_its_lease_commands_at_start(
     redis_url, acl_user, prefix, tmp_path, assets, documented
 ):
-    rules = [f"~{prefix}:*", *DAEMON_RULES, *(DETECT_RULES.split() if documented else [])]
+    rules = [f"~{prefix}:*", *DAEMON_RULES, *REGISTRY_RULES]
+    rules += DETECT_RULES.split() if documented else []
     user, password = acl_user(*rules)
     config = one_camera_config(tmp_path, assets, as_user(redis_url, user, password), prefix=prefix)
     if not documented:
         proc = framebatch("detect", str(config), "--http", "off", timeout=120)
-        _one_clear_line(proc, "may not run EVALSHA")
+        # a command of the script denied: Redis names the script, not the command
+        _one_clear_line(proc, "may not run EVALSHA (worker heartbeat)", "can't run this command")
         return
     # with the documented rules it starts, takes its camera and stops cleanly on SIGTERM
     worker = subprocess.Popen(

@@ -16,6 +16,7 @@ import redis
 from redis.cluster import key_slot
 
 from framebatch_tools.local_cluster import LocalRedisCluster
+from pipeline.fleet.registry import registry_probes
 from pipeline.leases.camera_leases import lease_probes
 from streams.keys import StreamKeys
 from streams.redis_access import check_access
@@ -24,7 +25,7 @@ from streams.redis_connect import connect
 from streams.redis_errors import is_nogroup, is_outage
 from tests.conftest import MODEL, SAMPLE_CLIPS
 from tests.integration.runner import framebatch, wait_for, write_config
-from tests.integration.test_bad_input import DAEMON_RULES, DETECT_RULES
+from tests.integration.test_bad_input import DAEMON_RULES, DETECT_RULES, REGISTRY_RULES
 from tests.integration.test_camera_leases import (
     CAMERAS,
     CLIP,
@@ -133,14 +134,18 @@ def test_a_cluster_user_needs_the_documented_rules(cluster, documented):
     """docs/operations.md: on a cluster the client also reads the slot map and the command
     table (CLUSTER SLOTS, COMMAND); a user without them is told which one is missing."""
     user, password = f"fb-{documented}", "pw"
-    rules = [*DAEMON_RULES, *DETECT_RULES.split(), *(CLUSTER_RULES if documented else [])]
+    rules = [*DAEMON_RULES, *DETECT_RULES.split(), *REGISTRY_RULES]
+    rules += CLUSTER_RULES if documented else []
     for port in cluster.ports:  # ACL users are per node
         with redis.Redis(port=port) as node:
             node.execute_command("ACL", "SETUSER", user, "on", f">{password}", "~fb:*", *rules)
     url = cluster.url.replace("redis://", f"redis://{user}:{password}@")
     if documented:
         with connect(url, cluster=True) as client:
-            check_access(client, StreamKeys("fb"), url=url, more=lease_probes)
+            probes = [lease_probes, registry_probes]
+            check_access(client, StreamKeys("fb"), url=url, more=lambda c, k: [
+                probe for more in probes for probe in more(c, k)
+            ])  # fmt: skip
     else:
         with pytest.raises(redis.exceptions.NoPermissionError, match="cluster"):
             connect(url, cluster=True)
