@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pipeline.config import CameraConfig
 from pipeline.config.analytics import AnalyticsConfig
 from pipeline.fleet.registry import CameraRegistry, RegisteredCamera, RegistryConflict
 from pipeline.serve.control import CameraConflict, CameraNotFound, CameraView
@@ -38,6 +39,7 @@ class RegisteredCameraOps:
         entry = self._entry(camera)
         changed = entry.config.model_copy(update={"priority": priority})
         self._written(lambda: self._registry.change(changed, entry.version))
+        self._shown(changed)
         self._services.states.set_priority(camera, priority)
         return self._services.control.camera(camera)
 
@@ -50,13 +52,20 @@ class RegisteredCameraOps:
         checked_analytics(self._pool, camera, settings, "analytics")
         changed = entry.config.model_copy(update={"analytics": settings})
         self._written(lambda: self._registry.change(changed, entry.version))
+        self._shown(changed)
         return self._services.control.camera(camera)
 
     def remove_camera(self, camera: str) -> CameraView:
         entry = self._entry(camera)
         self._written(lambda: self._registry.remove(camera, entry.version))
+        self._shown(entry.config)
         self._services.states.set(camera, "draining")
         return self._services.control.camera(camera)
+
+    def _shown(self, camera: CameraConfig) -> None:
+        """In this worker's list (a camera another process added a moment ago may not be)."""
+        if self._services.states.state(camera.id) is None:
+            self._services.show_camera(camera)
 
     def _entry(self, camera: str) -> RegisteredCamera:
         entry = self._registry.get(camera)
