@@ -2,7 +2,8 @@
 
 * :meth:`Pipeline.init_run` (``framebatch run``): the decoders, the detector pool over every
   camera, the camera API;
-* :meth:`Pipeline.init_decode` (``framebatch decode``): the decoders only;
+* :meth:`Pipeline.init_decode` (``framebatch decode``): one decode worker, whose cameras come
+  through leases;
 * :meth:`Pipeline.init_detect` (``framebatch detect``): one detector worker whose cameras come
   through leases.
 
@@ -46,9 +47,10 @@ from pipeline.analytics.stage import AnalyticsSettings
 from pipeline.config import Config
 from pipeline.errors import BadInput
 from pipeline.fleet.api import RegisteredCameraOps
-from pipeline.fleet.following import RegisteredDecoders, RegisteredLeases
+from pipeline.fleet.following import RegisteredLeases
 from pipeline.fleet.registry import CameraRegistry, registry_probes
-from pipeline.leases.camera_leases import lease_probes
+from pipeline.fleet.sharded import ShardedDecoders, decode_lease, decode_probes
+from pipeline.leases.camera_leases import lease_probes, new_worker_id
 from pipeline.ledger.earlier_runs import drain
 from pipeline.ledger.summary import RunSummary
 from pipeline.serve.control import CameraView
@@ -189,32 +191,38 @@ class Pipeline:
         cls,
         config: Config,
         *,
+        worker_id: str | None = None,
         stop: threading.Event | None = None,
         on_event: OnEvent = lambda event: None,
         telemetry: Telemetry = NO_TELEMETRY,
         serve_http: bool = True,
     ) -> Pipeline:
-        """``framebatch decode``: the config's decoders only, into the shared Redis; detector
-        workers elsewhere read their frames (it opens no sink: it writes no detection; its
-        HTTP endpoint serves metrics and health only).  Ends when stopped, or once every
-        decoder finished (file cameras)."""
+        """``framebatch decode``: one decode worker, which decodes its share of the registered
+        cameras (taken through leases, shared with the other decode workers; ``worker_id``
+        unique among them, default host-pid-random) into the shared Redis; detector workers
+        elsewhere read their frames (it opens no sink: it writes no detection; its HTTP
+        endpoint serves metrics and health only).  Ends when stopped, or once every registered
+        camera is a file decoded (by any worker)."""
         _check_shared_redis(config, "decode")
         stop = stop or threading.Event()
         with composing(config) as stack:
             http_socket = bind_http(config, stack) if serve_http else None
             services = open_services(
-                config, stack, telemetry=telemetry, live_view=False, probes=registry_probes
+                config, stack, telemetry=telemetry, live_view=False, probes=decode_probes
             )
             events = EventRelay(services, on_event)
             # relayed once more after the decoders are joined: how each of them ended
             stack.callback(events.stop)
             registry = CameraRegistry(services.client, services.keys)
             registry.seed(config.cameras)
+            lease = decode_lease(config, worker_id or new_worker_id())
             # no detector worker here: a decoder keeps its ring until its stream is read
-            decoders = DecoderSupervisor(config, services, rings_read_here=False)
-            decoders.launch()
+            decoders = DecoderSupervisor(config, services, rings_read_here=False, lease=lease)
+            sharded = ShardedDecoders.joining(
+                registry, config, decoders, services, lease=lease, stop=stop
+            )
+            stack.callback(sharded.leave)  # once the decoders are joined (the next callback)
             stack.callback(decoders.close)
-            registered = RegisteredDecoders(registry, config, decoders, services)
             http_url = start_http(
                 http_socket, services, cameras=None, token=config.http.token, stack=stack
             )
@@ -223,8 +231,8 @@ class Pipeline:
                 stop=stop,
                 services=services,
                 stack=stack,
-                parts=[decoders, registered, events],
-                ends_with=decoders,
+                parts=[decoders, sharded, events],
+                ends_with=sharded,
                 http_url=http_url,
             )
 

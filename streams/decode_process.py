@@ -10,7 +10,8 @@ itself (a segfault in a decoder) takes its cameras, which the supervisor restart
 The pipe carries, to the process, ``("start", DecoderJob)`` and ``("stop", camera)``; from it,
 ``("end", camera, run, fields)`` once a session's end entry is in Redis (the supervisor writes
 it again should Redis lose it before it was read) and ``("exited", camera, run, error)`` when a
-camera's thread is done (``error`` None, or why it failed: the session has no end entry);
+camera's thread is done (``error`` None, or why it failed: the session has no end entry;
+``streams.fence.LEASE_LOST``: it was fenced out, its end written by whoever took it over);
 ``run`` is the job's, which tells a camera's thread from the one before it (removed, back).
 """
 
@@ -40,6 +41,7 @@ from streams.decode_worker import (
     StopSignal,
     wait_until_read,
 )
+from streams.fence import LEASE_LOST, LeaseLost
 from streams.keys import StreamKeys
 from streams.lifeline import die_with_parent, raise_parent_gone_on
 from streams.logs import configure_process_logging
@@ -219,6 +221,9 @@ def _decode(
             job.reconnect_timeout_s,
         )
         return "Redis unreachable"
+    except LeaseLost as exc:
+        log.warning("%s", exc)
+        return LEASE_LOST
     except Exception as exc:  # noqa: BLE001 (one camera's failure must not end the others)
         return _failure(spec.camera, exc)
     reports.send("end", spec.camera, job.run, end.to_fields())

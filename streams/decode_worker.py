@@ -24,6 +24,7 @@ import numpy as np
 import redis
 
 from streams.events import EventLog
+from streams.fence import DecodeLease, SessionFence
 from streams.keys import StreamKeys
 from streams.messages import EndOfStream, FrameMessage, new_session_id
 from streams.redis_errors import OUTAGE_ERRORS
@@ -105,6 +106,13 @@ class DecoderSpec:
     read_timeout_s: float = 5.0
     reconnect_initial_s: float = 0.5
     reconnect_max_s: float = 10.0
+    #: decoded under a decode worker's lease: every write fenced (``streams.fence``)
+    lease: DecodeLease | None = None
+
+    @property
+    def file_job(self) -> bool:
+        """A finite file, decoded once: never restarted, nor handed over halfway."""
+        return not (self.live or self.loop)
 
 
 def video_source(spec: DecoderSpec) -> VideoSource:
@@ -167,9 +175,15 @@ class DecodeWorker:
         self._redis_retry_at = 0.0  # while Redis is away, frames before this shed untried
         self._redis_backoff_s = REDIS_RETRY_MIN_S
         self._room = 0  # frames that may still be added before asking XLEN again
+        self._fence = (
+            None
+            if spec.lease is None
+            else SessionFence(redis_client, keys, spec.camera, spec.lease, final=spec.file_job)
+        )
 
     def run(self, stop: StopSignal) -> EndOfStream:
-        """Decode until the source ends (files), ``stop`` is set, or a file fails."""
+        """Decode until the source ends (files), ``stop`` is set, or a file fails; raises
+        ``LeaseLost`` (fenced) once another decode worker ended the session."""
         spec = self.spec
         backoff = spec.reconnect_initial_s
         reason, error = "stopped", ""
@@ -214,10 +228,13 @@ class DecodeWorker:
             redis_down=self.redis_down,
             sampled_out=self.sampled_out,
         )
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.xadd(self._stream_key, end.to_fields())
-        pipe.delete(self._keys.progress(spec.camera))  # the end entry says it all now
-        pipe.execute()
+        if self._fence is not None:
+            self._fence.end(self._redis, end)
+        else:
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.xadd(self._stream_key, end.to_fields())
+            pipe.delete(self._keys.progress(spec.camera))  # the end entry says it all now
+            pipe.execute()
         self._events.emit(
             spec.camera, "ended", f"{reason}: {self.seq} frames", reason=reason, frames=self.seq
         )
@@ -287,22 +304,22 @@ class DecodeWorker:
             session=self.session,
             redis_down=self.redis_down,
         )
-        pipe = self._frames_redis.pipeline(transaction=False)
-        pipe.xadd(
-            self._stream_key,
-            message.to_fields(),
-            # A camera that sheds is capped here. Exact, not "~": an approximate cap trims
-            # whole 100-entry nodes, so the stream could hold ~100 frames more than the
-            # backlog bound (120 MB of raw pixels, or shm references to slots already
-            # overwritten). A file job is not: it waits for room instead, and an XADD the
-            # client retried after a lost reply (a Redis restart) adds a second copy its room
-            # count does not know of, which a cap would pay for by trimming an unread frame.
-            maxlen=self.spec.max_backlog if self._sheds else None,
-            approximate=False,
-        )
-        self._record_progress(pipe, frames=self.seq + 1)
+        # A camera that sheds is capped here. Exact, not "~": an approximate cap trims whole
+        # 100-entry nodes, so the stream could hold ~100 frames more than the backlog bound
+        # (120 MB of raw pixels, or shm references to slots already overwritten). A file job
+        # is not: it waits for room instead, and an XADD the client retried after a lost reply
+        # (a Redis restart) adds a second copy its room count does not know of, which a cap
+        # would pay for by trimming an unread frame.
+        maxlen = self.spec.max_backlog if self._sheds else None
         try:
-            pipe.execute()
+            if self._fence is not None:
+                progress = self._progress(frames=self.seq + 1)
+                self._fence.frame(self._frames_redis, message.to_fields(), progress, maxlen)
+            else:
+                pipe = self._frames_redis.pipeline(transaction=False)
+                pipe.xadd(self._stream_key, message.to_fields(), maxlen=maxlen, approximate=False)
+                self._record_progress(pipe, frames=self.seq + 1)
+                pipe.execute()
         except OUTAGE_ERRORS:
             if not self._sheds:
                 raise  # a file job waited reconnect_timeout_s for Redis already
@@ -312,11 +329,13 @@ class DecodeWorker:
         self.seq += 1
         return True
 
+    def _progress(self, *, frames: int) -> dict[str, str | int]:
+        return {"session": self.session, "frames": frames, "redis_down": self.redis_down}
+
     def _record_progress(self, pipe: redis.client.Pipeline, *, frames: int) -> None:
         """The session's frame count so far, beside its frames (same round trip): the
         supervisor ends the session with it if this process dies."""
-        progress = {"session": self.session, "frames": frames, "redis_down": self.redis_down}
-        pipe.hset(self._keys.progress(self.spec.camera), mapping=progress)
+        pipe.hset(self._keys.progress(self.spec.camera), mapping=self._progress(frames=frames))
 
     def _redis_failed(self) -> None:
         """Redis did not answer a camera that sheds: this frame is shed, and the next ones
@@ -335,10 +354,14 @@ class DecodeWorker:
         the stream); that round trip also records the session's progress, so a decoder that
         dies after skipping frames still has them counted."""
         if self._room <= 0:
-            pipe = self._frames_redis.pipeline(transaction=False)
-            self._record_progress(pipe, frames=self.seq + 1)
-            pipe.xlen(self._stream_key)
-            _, backlog = pipe.execute()
+            if self._fence is not None:
+                progress = self._progress(frames=self.seq + 1)
+                backlog = self._fence.progress(self._frames_redis, progress)
+            else:
+                pipe = self._frames_redis.pipeline(transaction=False)
+                self._record_progress(pipe, frames=self.seq + 1)
+                pipe.xlen(self._stream_key)
+                _, backlog = pipe.execute()
             self._room = self.spec.max_backlog - backlog
             if self._room <= 0:
                 return True

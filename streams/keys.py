@@ -61,6 +61,21 @@ class StreamKeys:
         """The id of the detector worker that reads this camera now (expires with its TTL)."""
         return f"{self.prefix}:lease:{_tag(camera)}"
 
+    def decode_workers(self) -> str:
+        """Sorted set of the live decode workers (``framebatch decode``), scored like
+        :meth:`workers`: they share the cameras through :meth:`decode_lease`."""
+        return f"{self.prefix}:decode-workers"
+
+    def decode_lease(self, camera: str) -> str:
+        """The id of the decode worker that decodes this camera now (expires with its TTL);
+        every frame that worker writes checks it (``streams.fence``)."""
+        return f"{self.prefix}:decode-lease:{_tag(camera)}"
+
+    def decoded(self, camera: str) -> str:
+        """Set once a file camera's decoding ended (its job is done, whatever the end: a file
+        is decoded once per registration), holding the session that ended it."""
+        return f"{self.prefix}:decoded:{_tag(camera)}"
+
     def cursor(self, camera: str) -> str:
         """Hash of how far the camera's frames have been accounted for at receipt (session,
         last seq, redis_down seen, ended): where the next worker to read it takes over."""

@@ -26,6 +26,11 @@ _PROBE_SUFFIXES += tuple(
     ":registry" + part for part in ("", ":versions", ":removing", ":version", ":stopped")
 )
 
+#: a decoder's fence's (``streams.fence.fence_probes``: a camera "probe" under the probe key)
+_PROBE_SUFFIXES += tuple(
+    f":{kind}:{{probe}}" for kind in ("decode-lease", "frames", "progress", "decoded")
+)
+
 
 class RedisAccessError(RuntimeError):
     """Redis cannot be used as configured; the message is one line that names the cause."""

@@ -33,10 +33,18 @@ def register(commands: Any) -> None:
     run.set_defaults(handler=cmd_run)
 
     decode = commands.add_parser(
-        "decode", help="run only the config's decoders (detector workers run elsewhere)"
+        "decode",
+        help="run one decode worker; decode workers share the registered cameras through "
+        "leases (detector workers run elsewhere)",
     )
     decode.add_argument(
         "config", metavar="CONFIG", help="YAML config file (its redis.url is the shared Redis)"
+    )
+    decode.add_argument(
+        "--worker-id",
+        metavar="NAME",
+        help="this decode worker's name in the leases, unique among the decode workers (e.g. "
+        "the pod name; default: host-pid-random)",
     )
     decode.add_argument(
         "--summary-json",
@@ -121,7 +129,9 @@ def cmd_decode(args: argparse.Namespace) -> int:
     try:
         config = _config(args)
         stop = _stop_signal(config)
-        with Pipeline.init_decode(config, stop=stop, on_event=on_event) as pipeline:
+        with Pipeline.init_decode(
+            config, worker_id=args.worker_id, stop=stop, on_event=on_event
+        ) as pipeline:
             pipeline.run()
     except FramebatchError as exc:
         return report(exc)

@@ -1,34 +1,28 @@
-"""Split roles following the camera registry (:mod:`pipeline.fleet.registry`), each at the
-supervisor's tick:
-
-* ``framebatch decode`` (:class:`RegisteredDecoders`): a decoder for each camera registered,
-  stopped when the camera is being removed, and its exit told to the registry;
-* ``framebatch detect`` (:class:`RegisteredLeases`): every camera registered is competed for
-  through the leases, with its settings as registered; once a removed camera's decoder has
-  stopped, the worker that holds it reads its stream to the end, finishes its frames, then
-  retires it (another worker takes that over if this one dies meanwhile).
+"""``framebatch detect`` following the camera registry (:mod:`pipeline.fleet.registry`), at
+the supervisor's tick (:class:`RegisteredLeases`): every camera registered is competed for
+through the leases, with its settings as registered; once a removed camera's decoder has
+stopped, the worker that holds it reads its stream to the end, finishes its frames, then
+retires it (another worker takes that over if this one dies meanwhile).  ``framebatch decode``
+follows it in :mod:`pipeline.fleet.sharded`.
 
 A detector worker takes a camera's new detector settings (priority, waits, freshness,
-analytics) live; a decoder's (its URL, its sampling...) take effect when the camera is removed
-and added again, which the decode process's log says.  Decoders are not sharded yet: every
-decode process decodes every camera (run one).
+analytics) live; a decoder's (its URL, its sampling...) take effect at the camera's next
+decoder session (removed and added again, or handed to another decode worker), which the
+decode worker's log says.
 """
 
 from __future__ import annotations
 
 import logging
 
-from pipeline.config import CameraConfig, Config
+from pipeline.config import CameraConfig
 from pipeline.errors import BadInput
 from pipeline.fleet.registry import (
     CameraRegistry,
     RegisteredCamera,
     RegistryConflict,
     RegistryFollower,
-    differing,
-    registry_versions,
 )
-from pipeline.supervisor.decoders import DecoderSupervisor
 from pipeline.supervisor.detectors import DetectorPool
 from pipeline.supervisor.part import Part
 from pipeline.supervisor.services import Services
@@ -42,63 +36,14 @@ DETECTOR_SETTINGS = frozenset(
 
 
 def note_unapplied(camera: CameraConfig, settings: set[str]) -> None:
-    """Says which of a running camera's changed settings wait for it to be added again."""
+    """Says which of a running camera's changed settings wait for its next decoder session."""
     if settings:
         log.warning(
-            "camera %s: %s changed in the registry; a running camera takes these when it is "
-            "removed and added again",
+            "camera %s: %s changed in the registry; a running camera takes these at its next "
+            "decoder session (removed and added again, or taken over by another decode worker)",
             camera.id,
             ", ".join(sorted(settings)),
         )
-
-
-class RegisteredDecoders(Part):
-    """``framebatch decode``'s decoders as the registry has the cameras."""
-
-    def __init__(
-        self,
-        registry: CameraRegistry,
-        config: Config,
-        decoders: DecoderSupervisor,
-        services: Services,
-    ):
-        self._registry = registry
-        self._follower = RegistryFollower(registry, registry_versions(registry, config.cameras))
-        self._decoders = decoders
-        self._services = services
-        self._stopping: set[str] = set()  # being removed: their decoders' exit to be told
-        self._cameras = {camera.id: camera for camera in config.cameras}
-
-    def tick(self) -> None:
-        changes = self._follower.changes()
-        for entry in changes.added:
-            self._services.show_camera(entry.config)
-            self._decoders.add(entry.config)
-            self._cameras[entry.config.id] = entry.config
-            self._follower.applied(entry.config.id, entry.version)
-            log.info("camera %s: added from the registry", entry.config.id)
-        for entry in changes.changed:
-            before = self._cameras.get(entry.config.id)
-            if before is not None:
-                note_unapplied(entry.config, differing(before, entry.config) - DETECTOR_SETTINGS)
-            self._follower.applied(entry.config.id, entry.version)
-        for entry in changes.removing:
-            self._stop(entry.config.id)
-            self._stopping.add(entry.config.id)
-            self._follower.applied(entry.config.id, entry.version)
-        for camera in changes.retired:
-            self._stop(camera)
-            self._stopping.discard(camera)
-            self._follower.forgot(camera)
-        for camera in sorted(self._stopping):
-            if not self._decoders.known(camera) or not self._decoders.running(camera):
-                self._registry.decoder_stopped(camera)  # its stream's last entry is written
-                self._stopping.discard(camera)
-
-    def _stop(self, camera: str) -> None:
-        if self._decoders.known(camera) and not self._decoders.removing(camera):
-            log.info("camera %s: being removed; its decoder stops", camera)
-            self._decoders.remove(camera)
 
 
 class RegisteredLeases(Part):

@@ -1,6 +1,8 @@
-"""Camera leases: which detector worker reads which camera, across processes and hosts.
+"""Camera leases: which detector worker reads which camera, and which decode worker decodes
+it, across processes and hosts (each role its own workers and leases: :data:`DETECTORS`,
+:data:`DECODERS`).
 
-Detector workers register in one sorted set, each scored by when its heartbeat runs out (Redis's
+Workers register in one sorted set, each scored by when its heartbeat runs out (Redis's
 own clock: the hosts' clocks never matter).  A camera's owner is chosen among the live workers
 by rendezvous (highest random weight) hashing, so a worker joining takes only the cameras it
 now wins and a worker leaving frees only its own (about 1/n of them each time), and it is held
@@ -15,12 +17,17 @@ Every command touches one key, so leases work on Redis Cluster.
 from __future__ import annotations
 
 import hashlib
+import os
+import socket
+import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import redis
 
+from pipeline.errors import BadInput
 from pipeline.ledger.acks import FENCED_POSITION
 from streams.keys import StreamKeys
 from streams.redis_cluster import server_time_ms
@@ -56,6 +63,12 @@ return 0
 """
 
 
+def new_worker_id() -> str:
+    """A worker's name in the leases (and a detector's in the consumer group): unique per
+    process."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
 def rendezvous_owner(camera: str, workers: Iterable[str]) -> str | None:
     """The worker with the highest weight for this camera (None when there is none)."""
     return max(workers, key=lambda worker: _weight(worker, camera), default=None)
@@ -64,6 +77,19 @@ def rendezvous_owner(camera: str, workers: Iterable[str]) -> str | None:
 def _weight(worker: str, camera: str) -> tuple[int, str]:
     digest = hashlib.blake2b(f"{worker}\0{camera}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big"), worker  # the id breaks a (2^-64) tie
+
+
+@dataclass(frozen=True)
+class LeaseRole:
+    """Which workers share the cameras: where they register, and each camera's lease."""
+
+    workers: Callable[[StreamKeys], str]
+    lease: Callable[[StreamKeys, str], str]
+    name: str
+
+
+DETECTORS = LeaseRole(StreamKeys.workers, StreamKeys.lease, "detector")
+DECODERS = LeaseRole(StreamKeys.decode_workers, StreamKeys.decode_lease, "decode")
 
 
 @dataclass(frozen=True)
@@ -81,7 +107,7 @@ class LeaseChanges:
 
 @dataclass
 class CameraLeases:
-    """One detector worker's leases.  ``tick()`` every ``tick_s`` (a third of the TTL or
+    """One worker's leases.  ``tick()`` every ``tick_s`` (a third of the TTL or
     less), from one thread."""
 
     redis_client: redis.Redis
@@ -89,6 +115,7 @@ class CameraLeases:
     worker_id: str
     cameras: list[str]
     ttl_s: float = 5.0
+    role: LeaseRole = DETECTORS
     held: set[str] = field(default_factory=set)
     handing_over: set[str] = field(default_factory=set)  # held until release()
     clock: Callable[[], float] = time.monotonic
@@ -116,7 +143,7 @@ class CameraLeases:
         workers = tuple(
             w.decode()
             for w in self._heartbeat(
-                keys=[self.keys.workers()], args=[self._ttl_ms, self.worker_id]
+                keys=[self.role.workers(self.keys)], args=[self._ttl_ms, self.worker_id]
             )
         )
         gained, lost, handing_over = [], [], []
@@ -146,7 +173,7 @@ class CameraLeases:
         """Heartbeat and renew what is held, taking nothing new (a worker that is stopping
         keeps its cameras while it finishes their frames)."""
         sent = self.clock()
-        self._heartbeat(keys=[self.keys.workers()], args=[self._ttl_ms, self.worker_id])
+        self._heartbeat(keys=[self.role.workers(self.keys)], args=[self._ttl_ms, self.worker_id])
         for camera in sorted(self.held | self.handing_over):
             if not self._hold_lease(camera):
                 self.held.discard(camera)
@@ -167,29 +194,54 @@ class CameraLeases:
             self.release(camera)
 
     def _hold_lease(self, camera: str) -> bool:
-        return bool(self._hold(keys=[self.keys.lease(camera)], args=[self.worker_id, self._ttl_ms]))
+        lease = self.role.lease(self.keys, camera)
+        return bool(self._hold(keys=[lease], args=[self.worker_id, self._ttl_ms]))
 
     def release(self, camera: str) -> None:
         """A handed-over camera's frames are all finished: its next owner may take it."""
         self.handing_over.discard(camera)
         self.held.discard(camera)
-        self._release(keys=[self.keys.lease(camera)], args=[self.worker_id])
+        self._release(keys=[self.role.lease(self.keys, camera)], args=[self.worker_id])
 
     def leave(self) -> None:
         """Stopping: out of the workers, every lease let go (the others take over at their
         next tick, not after the TTL)."""
-        self.redis_client.zrem(self.keys.workers(), self.worker_id)
+        self.redis_client.zrem(self.role.workers(self.keys), self.worker_id)
         for camera in sorted(self.held | self.handing_over):
             self.release(camera)
 
 
-def worker_alive(client: redis.Redis, keys: StreamKeys, worker_id: str) -> bool:
+def worker_alive(
+    client: redis.Redis, keys: StreamKeys, worker_id: str, role: LeaseRole = DETECTORS
+) -> bool:
     """Whether a worker with this id has a heartbeat in force (two processes under one id
     would both hold every lease of it)."""
-    expires = client.zscore(keys.workers(), worker_id)
+    expires = client.zscore(role.workers(keys), worker_id)
     if expires is None:
         return False
-    return expires > server_time_ms(client, keys.workers())
+    return expires > server_time_ms(client, role.workers(keys))
+
+
+def wait_for_worker_id(
+    client: redis.Redis,
+    keys: StreamKeys,
+    worker_id: str,
+    *,
+    role: LeaseRole,
+    ttl_s: float,
+    stop: threading.Event,
+) -> None:
+    """Returns once no running worker has this id: the same id restarted (a pod's container)
+    waits out its old heartbeat; BadInput if one that is still renewed holds it."""
+    deadline = time.monotonic() + ttl_s + 1
+    while worker_alive(client, keys, worker_id, role) and time.monotonic() < deadline:
+        if stop.wait(0.25):
+            break  # stopped meanwhile: the id's owner is judged now
+    if worker_alive(client, keys, worker_id, role):
+        raise BadInput(
+            f"worker id {worker_id!r} is in use by a running {role.name} worker: give each "
+            "worker its own --worker-id"
+        )
 
 
 def lease_probes(client: redis.Redis, key: str) -> list[tuple[str, Callable[[], object]]]:
@@ -197,6 +249,12 @@ def lease_probes(client: redis.Redis, key: str) -> list[tuple[str, Callable[[], 
     ZRANGE, ZREMRANGEBYSCORE, TIME, GET, SET, PEXPIRE, DEL, HSET; ZREM, ZSCORE; and EVAL
     for the position's script in a transaction), on probe keys under ``key``, for the start-up
     check of the Redis user's rights."""
+    position = ("EVAL (the camera's position)", lambda: _position_script(client, key))
+    return [*worker_lease_probes(client, key), position]
+
+
+def worker_lease_probes(client: redis.Redis, key: str) -> list[tuple[str, Callable[[], object]]]:
+    """The probes of what the leases of either role run (:func:`lease_probes`)."""
     heartbeat = client.register_script(_HEARTBEAT)
     hold, release = client.register_script(_HOLD), client.register_script(_RELEASE)
     workers, lease = f"{key}:workers", f"{key}:lease"
@@ -206,7 +264,6 @@ def lease_probes(client: redis.Redis, key: str) -> list[tuple[str, Callable[[], 
         ("EVALSHA (lease release)", lambda: release(keys=[lease], args=["probe"])),
         ("ZREM", lambda: client.zrem(workers, "probe")),
         ("ZSCORE", lambda: client.zscore(workers, "probe")),
-        ("EVAL (the camera's position)", lambda: _position_script(client, key)),
     ]
 
 

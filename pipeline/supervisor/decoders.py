@@ -1,6 +1,10 @@
 """The decoder supervisor: a decoder thread per camera, several cameras to a decode process
 (:mod:`pipeline.supervisor.decoder_processes`), restarted with backoff when a live camera's
 fails or its process dies, each stopped on its own (a camera removed live) or all together.
+Under a decode worker's leases (``framebatch decode``, :mod:`pipeline.fleet.sharded`) the
+cameras are started and stopped by the leases, every decoder's writes are fenced
+(:mod:`streams.fence`), and a decoder fenced out ends without a word more: its session is the
+worker's that took the camera over.
 
 A decoder that ends without its end entry (an exception in its thread; its process
 segfaulted or was OOM-killed, taking its other cameras too) gets one written here from the
@@ -17,7 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import redis
 
@@ -34,6 +38,7 @@ from pipeline.supervisor.services import Services
 from streams.decode_process import DecoderJob, Message, ProcessSettings
 from streams.decode_worker import DecoderSpec, ProcessFlag
 from streams.events import EventLog
+from streams.fence import LEASE_LOST, DecodeLease, end_session_in_progress
 from streams.keys import StreamKeys
 from streams.messages import EndOfStream, message_kind, session_progress
 from streams.shm_ring import remove_segments
@@ -44,6 +49,10 @@ log = logging.getLogger(__name__)
 DECODER_JOIN_S = 5.0
 RESTART_BACKOFF_MAX_S = 30.0
 HEALTHY_AFTER_S = 60.0  # a decoder up this long has recovered: its restart backoff resets
+LEASE_LOST_MESSAGE = (
+    "another decode worker took this camera over (this one was cut off or stalled past its "
+    "lease); its decoder here stopped, and that worker ended the session"
+)
 
 
 def dead_session_end(
@@ -71,7 +80,8 @@ def abandon_rings(prefix: str) -> None:
 @dataclass
 class _Decoder:
     spec: DecoderSpec
-    removing: bool = False  # removed through the API: drains, never restarts
+    removing: bool = False  # removed through the API, or handed over: drains, never restarts
+    lost: bool = False  # its lease went to another decode worker: stops, writes nothing more
     ended: bool = False  # the current run sent its end entry (its ring may still be read)
     kill_at: float | None = None  # removing: killed if still running then
     restarts: int = 0  # since the last healthy period: sets the backoff
@@ -91,11 +101,16 @@ class DecoderSupervisor(Part):
         *,
         until_done: bool = False,
         rings_read_here: bool = True,
+        lease: DecodeLease | None = None,
     ):
         """``rings_read_here``: this process's detector workers read the decoders' shm rings,
         which may go once those workers have stopped (``close``); otherwise (split roles) a
-        decoder keeps its ring until its stream is read, or nobody read it for a while."""
+        decoder keeps its ring until its stream is read, or nobody read it for a while.
+        ``lease``: the cameras are decoded under this decode worker's leases
+        (``pipeline.fleet.sharded``), every write fenced, the cameras started and stopped by
+        the leases (``launch`` is not called)."""
         self._config = config
+        self._lease = lease
         self._client = services.client
         self._keys = services.keys
         self._accounting = services.accounting
@@ -199,6 +214,7 @@ class DecoderSupervisor(Part):
             # pipeline is behind, and older frames would only raise the latency
             live_backlog=self._config.batching.max_batch_size,
         )
+        spec = replace(spec, lease=self._lease)
         self._decoders[camera.id] = _Decoder(spec)  # or a camera removed before, back
         self._start(spec)
 
@@ -212,8 +228,24 @@ class DecoderSupervisor(Part):
         # a read blocked on a stalled camera returns at its timeout
         decoder.kill_at = time.monotonic() + DECODER_JOIN_S + decoder.spec.read_timeout_s
 
+    def abandon(self, camera: str) -> None:
+        """The camera's lease went to another decode worker: its decoder stops, writing nothing
+        more (its writes are fenced; its session is the new holder's to end), never restarted."""
+        decoder = self._decoders[camera]
+        decoder.lost = True
+        if decoder.restart_at is not None:
+            decoder.restart_at, decoder.finished = None, True
+        self._processes.stop_camera(camera)
+        decoder.kill_at = time.monotonic() + DECODER_JOIN_S + decoder.spec.read_timeout_s
+
     def known(self, camera: str) -> bool:
         return camera in self._decoders
+
+    def decoding(self, camera: str) -> bool:
+        """The camera has a decoder here that runs, or will run again (a restart due), and is
+        not being stopped."""
+        decoder = self._decoders.get(camera)
+        return decoder is not None and not (decoder.finished or decoder.removing or decoder.lost)
 
     def running(self, camera: str) -> bool:
         """The camera's decoder (thread, or process) has not exited."""
@@ -271,7 +303,10 @@ class DecoderSupervisor(Part):
                 self._decoders[camera].ended = True
         elif kind == "exited" and run == self._sessions.get(camera):  # not one before it
             decoder = self._decoders[camera]
-            if detail is None:
+            if detail == LEASE_LOST:  # its session was ended by the worker that took it over
+                decoder.lost = decoder.finished = True
+                EventLog(self._client, self._keys).emit(camera, "lease_lost", LEASE_LOST_MESSAGE)
+            elif detail is None:
                 decoder.finished = True
             else:
                 message = f"decoder for camera {camera!r} failed: {detail}"
@@ -314,21 +349,42 @@ class DecoderSupervisor(Part):
                 decoder.kill_at = None
             return
         if decoder.restart_at is not None and now >= decoder.restart_at and not self._stopping:
+            # (a decoder abandoned or removed has no restart due)
             self._start(decoder.spec)
             decoder.restart_at, decoder.started_at = None, now
             self._states.set(camera, "starting")
+
+    def _end_session(self, spec: DecoderSpec, message: str) -> dict[str, str | int] | None:
+        """The end entry of a session whose decoder died, written from its progress; under a
+        lease, only while the lease is still this worker's (else the worker that took the
+        camera over ends it), a file job then decoded."""
+        camera = spec.camera
+        if spec.lease is None:
+            end = dead_session_end(self._client, self._keys, camera, message)
+            self._client.xadd(self._keys.frames(camera), end)
+            return end
+        ended = end_session_in_progress(
+            self._client,
+            self._keys,
+            camera,
+            spec.lease,
+            message,
+            final=spec.file_job,
+            if_none=True,
+        )
+        return None if ended is None else ended.to_fields()
 
     def _ended_without_entry(self, decoder: _Decoder, message: str, now: float) -> None:
         """Say so, write the session's end from its progress, and restart live cameras."""
         camera = decoder.spec.camera
         EventLog(self._client, self._keys).emit(camera, "crashed", message)
+        end = self._end_session(decoder.spec, message)
+        if end is not None:
+            self._keep_end(camera, end)
         # a camera, or a clip looped like one, comes back; a finite file job does not (its
         # frames would be decoded again)
-        end = dead_session_end(self._client, self._keys, camera, message)
-        self._client.xadd(self._keys.frames(camera), end)
-        self._keep_end(camera, end)
-        restart = decoder.spec.live or decoder.spec.loop
-        if restart and not self._until_done and not decoder.removing and not self._stopping:
+        restart = not decoder.spec.file_job and not (decoder.removing or decoder.lost)
+        if restart and not self._until_done and not self._stopping:
             decoder.restarts += 1
             delay = min(2.0**decoder.restarts, RESTART_BACKOFF_MAX_S)
             decoder.restart_at = now + delay

@@ -16,11 +16,8 @@ read, leases kept meanwhile, then left) → ``close`` (the models).
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -31,8 +28,12 @@ from pipeline.analytics.stage import AnalyticsSettings
 from pipeline.batching import CameraRules
 from pipeline.config import CameraConfig, Config
 from pipeline.config.analytics import AnalyticsConfig
-from pipeline.errors import BadInput
-from pipeline.leases.camera_leases import CameraLeases, worker_alive
+from pipeline.leases.camera_leases import (
+    DETECTORS,
+    CameraLeases,
+    new_worker_id,
+    wait_for_worker_id,
+)
 from pipeline.leases.keeper import LeaseKeeper
 from pipeline.ledger.accounting import Accounting
 from pipeline.ledger.acks import FrameAcks
@@ -59,11 +60,6 @@ JOIN_TICK_S = 0.2  # how often leases are renewed while the workers finish
 #: how long a stopping run's workers read on for their cameras' end entries: a decoder told to
 #: stop writes its end after the frame it is on (a stalled RTSP read returns within 5 s)
 DRAIN_S = 6.0
-
-
-def new_worker_id() -> str:
-    """A detector worker's name in the consumer group and the leases: unique per process."""
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 @dataclass(frozen=True)
@@ -376,15 +372,8 @@ class DetectorPool(Part):
         pod's container) waits out its old heartbeat; one that is still renewed belongs to
         another running worker."""
         client, keys, worker_id = context.redis, context.keys, context.consumer
-        deadline = time.monotonic() + self._config.redis.lease_ttl_s + 1
-        while worker_alive(client, keys, worker_id) and time.monotonic() < deadline:
-            if self._stop.wait(0.25):
-                break  # stopped meanwhile: the id's owner is judged now
-        if worker_alive(client, keys, worker_id):
-            raise BadInput(
-                f"worker id {worker_id!r} is in use by a running detector worker: give each "
-                "worker its own --worker-id"
-            )
+        ttl_s = self._config.redis.lease_ttl_s
+        wait_for_worker_id(client, keys, worker_id, role=DETECTORS, ttl_s=ttl_s, stop=self._stop)
         cameras = [camera.id for camera in self._config.cameras]
         leases = CameraLeases(
             client, keys, worker_id, cameras, ttl_s=self._config.redis.lease_ttl_s

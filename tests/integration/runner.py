@@ -15,6 +15,7 @@ from typing import Any
 import redis
 import yaml
 
+from pipeline.leases.camera_leases import rendezvous_owner
 from streams.keys import StreamKeys
 from streams.messages import DetectionMessage
 
@@ -68,13 +69,17 @@ def framebatch(
     )
 
 
-def start_daemon(config: Path, *args: str, command: str = "run") -> subprocess.Popen[str]:
-    """``framebatch COMMAND CONFIG ARGS...`` in the background, its output captured."""
+def start_daemon(
+    config: Path, *args: str, command: str = "run", own_group: bool = False
+) -> subprocess.Popen[str]:
+    """``framebatch COMMAND CONFIG ARGS...`` in the background, its output captured;
+    ``own_group``: in a process group of its own (``os.killpg`` takes its children too)."""
     return subprocess.Popen(
         [sys.executable, "-m", "pipeline.cli", command, str(config), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=own_group,
     )
 
 
@@ -87,6 +92,15 @@ def stop_daemon(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
         proc.kill()
         out, err = proc.communicate()
     return proc.returncode, out, err
+
+
+def even_pair(cameras: list[str], stem: str) -> tuple[str, str]:
+    """Two worker names (``<stem>-<i>``) that rendezvous hashing gives half the cameras each."""
+    return next(
+        (a, b)
+        for a, b in ((f"{stem}-{i}", f"{stem}-{i + 1}") for i in range(100))
+        if 2 * sum(rendezvous_owner(c, (a, b)) == a for c in cameras) == len(cameras)
+    )
 
 
 def free_port() -> int:

@@ -115,16 +115,26 @@ def test_an_acl_denial_names_the_command(
     assert password not in line.replace("pw ", "")  # the URL is shown redacted
 
 
-@pytest.mark.parametrize("documented", [True, False], ids=["registry-rules", "daemon-rules-only"])
-def test_a_daemon_on_a_shared_redis_checks_its_registry_commands_at_start(
-    redis_url, acl_user, prefix, tmp_path, assets, documented
+@pytest.mark.parametrize(
+    ("granted", "denied"),
+    [
+        ("documented", None),
+        ("registry", "may not run EVALSHA (worker heartbeat)"),
+        ("daemon", "may not run EVALSHA (camera registry: a change)"),
+    ],
+    ids=["decode-rules", "registry-rules-only", "daemon-rules-only"],
+)
+def test_a_decode_worker_on_a_shared_redis_checks_its_registry_and_lease_commands_at_start(
+    redis_url, acl_user, prefix, tmp_path, assets, granted, denied
 ):
-    rules = [f"~{prefix}:*", *DAEMON_RULES, *(REGISTRY_RULES if documented else [])]
+    rules = [f"~{prefix}:*", *DAEMON_RULES]
+    rules += REGISTRY_RULES if granted != "daemon" else []
+    rules += DETECT_RULES.split() if granted == "documented" else []
     user, password = acl_user(*rules)
     config = one_camera_config(tmp_path, assets, as_user(redis_url, user, password), prefix=prefix)
     proc = framebatch("decode", str(config), "--http", "off", timeout=120)
-    if not documented:
-        _one_clear_line(proc, "may not run EVALSHA (camera registry: a change)")
+    if denied:
+        _one_clear_line(proc, denied)
         return
     assert proc.returncode == 0, proc.stderr[-3000:]  # its file decoded, the registry seeded
     client = redis.Redis.from_url(redis_url)
@@ -176,7 +186,8 @@ def test_consume_takes_the_url_from_the_environment_or_a_file(redis_url, tmp_pat
         client.close()
 
 
-#: docs/operations.md, "Redis users (ACL)": the daemon's rules, and what a detector worker adds
+#: docs/operations.md, "Redis users (ACL)": the daemon's rules, and what a worker's leases add
+#: (``framebatch detect``, ``framebatch decode``)
 DAEMON_RULES = (
     "+ping +time +xadd +xlen +xrange +xrevrange +xread +xgroup|create +xreadgroup +xpending "
     "+xclaim +xack +xdel +del +hset +hgetall +multi +exec"

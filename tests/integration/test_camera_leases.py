@@ -18,7 +18,13 @@ from streams.embedded_redis import EmbeddedRedis
 from streams.keys import StreamKeys
 from streams.messages import DetectionMessage
 from tests.conftest import MODEL, SAMPLE_CLIPS
-from tests.integration.runner import start_daemon, stop_daemon, wait_for, write_config
+from tests.integration.runner import (
+    even_pair,
+    start_daemon,
+    stop_daemon,
+    wait_for,
+    write_config,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -28,11 +34,7 @@ CAMERAS = ["c0", "c1", "c2", "c3"]
 LEASE_TTL_S = 2.0
 PREFIX = "split"
 #: two worker names that rendezvous hashing gives two of the four cameras each
-WORKERS = next(
-    (a, b)
-    for a, b in ((f"worker-{i}", f"worker-{i + 1}") for i in range(100))
-    if sum(rendezvous_owner(c, (a, b)) == a for c in CAMERAS) == 2
-)
+WORKERS = even_pair(CAMERAS, "worker")
 SHARES = {camera: rendezvous_owner(camera, WORKERS) for camera in CAMERAS}
 
 

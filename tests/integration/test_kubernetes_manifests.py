@@ -72,17 +72,16 @@ def test_the_secret_names_every_variable_the_config_needs(resources):
         assert {"secretRef": {"name": "framebatch-secrets"}} in refs
 
 
-def test_roles_one_decoder_and_detectors_that_each_take_a_gpu(resources):
+def test_roles_sharded_decoders_and_detectors_that_each_take_a_gpu(resources):
     decoder = resources[("Deployment", "framebatch-decoder")]
-    assert decoder["spec"]["replicas"] == 1  # two would decode every camera twice
-    assert decoder["spec"]["strategy"]["type"] == "Recreate"
-    assert container(resources, "framebatch-decoder")["args"][:1] == ["decode"]
-    detector = container(resources, "framebatch-detector")
-    args = detector["args"]
-    assert args[0] == "detect" and args[args.index("--worker-id") + 1] == "$(POD_NAME)"
-    env = {e["name"]: e for e in detector["env"]}
-    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
-    assert detector["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert decoder["spec"]["replicas"] > 1  # decode workers share the cameras by lease
+    for role, command in (("decoder", "decode"), ("detector", "detect")):
+        pod = container(resources, f"framebatch-{role}")
+        args = pod["args"]  # each pod's worker id is its name, unique among the workers
+        assert args[0] == command and args[args.index("--worker-id") + 1] == "$(POD_NAME)"
+        env = {e["name"]: e for e in pod["env"]}
+        assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert container(resources, "framebatch-detector")["resources"]["limits"]["nvidia.com/gpu"] == 1
     for deployment in ("framebatch-decoder", "framebatch-detector"):
         mounts = {m["mountPath"] for m in container(resources, deployment)["volumeMounts"]}
         assert "/etc/framebatch" in mounts

@@ -79,5 +79,5 @@ def test_split_roles_follow_a_camera_registered_and_removed(assets, tmp_path):
             results = [stop_daemon(p) for p in (decoders, worker)]
         for code, _out, err in results:
             assert code == 0, err[-3000:]
-        assert "camera late: added from the registry" in results[0][2]
+        assert "camera late: decoded here from now" in results[0][2]
         assert "camera late: drained and retired from the registry" in results[1][2]

@@ -1,0 +1,281 @@
+"""``framebatch decode`` sharded by lease: the decode workers share the registered cameras as the
+detector workers do (rendezvous hashing over the live workers, a lease per camera with a TTL,
+``pipeline.leases.camera_leases`` with the decoders' keys), and every frame a decoder writes is
+fenced by its lease (``streams.fence``).  At each tick of the supervisor:
+
+* the registry is followed (:mod:`pipeline.fleet.registry`): a camera added is competed for, a
+  changed one starts with its new entry at its next session, one being removed is stopped by
+  whoever decodes it, who then says its decoder stopped;
+* every lease tick (a third of the TTL): a camera this worker now holds and does not decode yet
+  first has the session of a decoder that died or was cut off ended, from its progress (the
+  frames it put in Redis are then processed and counted, nothing invented), then a decoder of
+  its own starts, a new session; a camera another worker took is abandoned (its decoder here is
+  fenced out already); a camera another worker now wins (it joined) is handed over: the
+  decoder here stops cleanly, writes its end, and only then is the lease let go;
+* a file camera is a job, done once: never handed over halfway, never started again once a
+  session of it ended (``StreamKeys.decoded``), whatever ended it.
+
+A worker ends once every registered camera is a file job that is done (by any worker).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import redis
+
+from pipeline.config import CameraConfig, Config
+from pipeline.fleet.following import DETECTOR_SETTINGS, note_unapplied
+from pipeline.fleet.registry import (
+    CameraRegistry,
+    RegistryFollower,
+    differing,
+    registry_probes,
+)
+from pipeline.leases.camera_leases import (
+    DECODERS,
+    CameraLeases,
+    wait_for_worker_id,
+    worker_lease_probes,
+)
+from pipeline.supervisor.decoders import DecoderSupervisor
+from pipeline.supervisor.part import Part
+from pipeline.supervisor.services import Services
+from streams.events import EventLog
+from streams.fence import DecodeLease, end_session_in_progress, fence_probes, file_decoded
+from streams.redis_errors import OUTAGE_ERRORS
+
+log = logging.getLogger(__name__)
+
+
+def decode_lease(config: Config, worker_id: str) -> DecodeLease:
+    return DecodeLease(worker_id, int(config.redis.lease_ttl_s * 1000))
+
+
+def decode_probes(client: redis.Redis, key: str) -> list[tuple[str, Callable[[], object]]]:
+    """What a decode worker runs beyond the daemon's commands: the registry, its leases, the
+    fence (for the start-up check of the Redis user's rights)."""
+    probes = registry_probes(client, key) + worker_lease_probes(client, key)
+    return probes + fence_probes(client, key)
+
+
+class ShardedDecoders(Part):
+    """One decode worker's share of the registered cameras."""
+
+    def __init__(
+        self,
+        registry: CameraRegistry,
+        config: Config,
+        decoders: DecoderSupervisor,
+        services: Services,
+        *,
+        lease: DecodeLease,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self._registry = registry
+        self._follower = RegistryFollower(registry)  # every camera is new at the first look
+        self._decoders = decoders
+        self._services = services
+        self._client, self._keys = services.client, services.keys
+        self._lease = lease
+        self._leases = CameraLeases(
+            services.client,
+            services.keys,
+            lease.worker,
+            [],
+            ttl_s=config.redis.lease_ttl_s,
+            role=DECODERS,
+        )
+        self._clock = clock
+        self._next_tick = 0.0
+        self._cameras: dict[str, CameraConfig] = {}
+        self._removing: set[str] = set()
+        self._said_stopped: set[str] = set()
+        self._done: set[str] = set()  # file jobs decoded, by any worker: competed for no more
+        self._outage = False  # said once
+
+    @classmethod
+    def joining(
+        cls,
+        registry: CameraRegistry,
+        config: Config,
+        decoders: DecoderSupervisor,
+        services: Services,
+        *,
+        lease: DecodeLease,
+        stop,
+    ) -> ShardedDecoders:
+        """Once no running decode worker has this one's id (a restarted pod waits out its old
+        heartbeat)."""
+        wait_for_worker_id(
+            services.client,
+            services.keys,
+            lease.worker,
+            role=DECODERS,
+            ttl_s=config.redis.lease_ttl_s,
+            stop=stop,
+        )
+        return cls(registry, config, decoders, services, lease=lease)
+
+    # --- the supervisor's tick -----------------------------------------------------------------
+    def tick(self) -> None:
+        try:
+            self._follow()
+            if self._clock() >= self._next_tick:
+                self._next_tick = self._clock() + self._leases.tick_s
+                self._lease_tick()
+            self._settle()
+        except OUTAGE_ERRORS as exc:
+            # the decoders ride it out (or are fenced out if it lasts past the TTL); the leases
+            # are renewed, or lost, at the next tick that reaches Redis
+            if not self._outage:
+                log.warning("decode leases: Redis unreachable (%s); retrying each tick", exc)
+            self._outage = True
+            return
+        if self._outage:
+            log.info("decode leases: Redis reachable again")
+            self._outage = False
+
+    def done(self) -> bool:
+        """Every registered camera is a file job, decoded (here or by another worker), and no
+        decoder runs here."""
+        if any(not self._is_file(c) for c in self._cameras) or not self._decoders.done():
+            return False
+        try:
+            for camera in sorted(set(self._cameras) - self._done):
+                if not file_decoded(self._client, self._keys, camera):
+                    return False
+                self._done.add(camera)
+        except OUTAGE_ERRORS:
+            return False
+        return bool(self._cameras)
+
+    def leave(self) -> None:
+        """After the decoders here stopped and wrote their ends: out of the workers, every
+        lease let go (the others take the cameras at their next tick, not after the TTL)."""
+        try:
+            self._leases.leave()
+        except OUTAGE_ERRORS as exc:
+            log.warning("decode leases not let go (they run out in their TTL): %s", exc)
+
+    def held(self) -> set[str]:
+        return set(self._leases.held)
+
+    # --- inside --------------------------------------------------------------------------------
+    def _follow(self) -> None:
+        changes = self._follower.changes()
+        for entry in changes.added + changes.changed:
+            camera = entry.config
+            before = self._cameras.get(camera.id)
+            if before is None:
+                self._leases.add_camera(camera.id)
+            elif self._decoders.decoding(camera.id):
+                note_unapplied(camera, differing(before, camera) - DETECTOR_SETTINGS)
+            self._cameras[camera.id] = camera
+            self._follower.applied(camera.id, entry.version)
+        for entry in changes.removing:
+            self._cameras.setdefault(entry.config.id, entry.config)
+            self._leases.add_camera(entry.config.id)  # whoever holds it says it stopped
+            self._removing.add(entry.config.id)
+            self._follower.applied(entry.config.id, entry.version)
+        for camera in changes.retired:
+            if self._decoders.decoding(camera):
+                self._decoders.remove(camera)
+            self._leases.drop_camera(camera)
+            for kept in (self._removing, self._said_stopped, self._done):
+                kept.discard(camera)
+            self._cameras.pop(camera, None)
+            self._follower.forgot(camera)
+
+    def _lease_tick(self) -> None:
+        changes = self._leases.tick()
+        for camera in changes.lost:
+            log.warning(
+                "camera %s: its decode lease went to another worker; decoder stopped", camera
+            )
+            if self._decoders.decoding(camera):
+                self._decoders.abandon(camera)
+        for camera in changes.handing_over:
+            if self._decoders.decoding(camera) and not self._is_file(camera):
+                log.info("camera %s: another decode worker takes it; handing it over", camera)
+                self._decoders.remove(camera)  # writes its end; the lease goes once it exited
+        if changes:
+            log.info(
+                "decode workers %s; this one decodes %d camera(s)",
+                ", ".join(changes.workers),
+                len(self._leases.held) + len(self._leases.handing_over),
+            )
+
+    def _settle(self) -> None:
+        """Each camera held brought to what it should be."""
+        for camera in sorted(self._leases.handing_over):
+            if self._is_file(camera) and camera not in self._done:
+                self._run(camera)  # a file job is finished where it started
+            elif not self._decoders.known(camera) or not self._decoders.running(camera):
+                self._leases.release(camera)
+                log.info("camera %s: handed over", camera)
+        for camera in sorted(self._leases.held):
+            if camera in self._removing:
+                self._stop_removed(camera)
+            else:
+                self._run(camera)
+        for camera in sorted(self._removing - self._said_stopped):
+            if camera in self._done:  # a file decoded: no decoder runs it anywhere
+                self._registry.decoder_stopped(camera)
+                self._said_stopped.add(camera)
+
+    def _run(self, camera: str) -> None:
+        if camera in self._done or self._decoders.decoding(camera):
+            return
+        if self._decoders.known(camera) and self._decoders.running(camera):
+            return  # a decoder stopping (abandoned, handed over): its thread exits first
+        file_job = self._is_file(camera)
+        if file_job and file_decoded(self._client, self._keys, camera):
+            self._file_done(camera)
+            return
+        ended = end_session_in_progress(
+            self._client,
+            self._keys,
+            camera,
+            self._lease,
+            f"camera {camera!r}: its decode worker was lost (died, or cut off past its lease)",
+            final=file_job,
+        )
+        if ended is not None:
+            log.warning(
+                "camera %s: session %s of a decode worker lost ended at %d frames",
+                camera,
+                ended.session,
+                ended.frames,
+            )
+            EventLog(self._client, self._keys).emit(camera, "crashed", ended.error)
+            if file_job:
+                self._file_done(camera)
+                return
+        if self._services.states.state(camera) is None:  # this worker's cameras, in its API
+            self._services.show_camera(self._cameras[camera])
+        self._decoders.add(self._cameras[camera])
+        log.info("camera %s: decoded here from now (a new session)", camera)
+
+    def _stop_removed(self, camera: str) -> None:
+        if self._decoders.decoding(camera):
+            log.info("camera %s: being removed; its decoder stops", camera)
+            self._decoders.remove(camera)
+        if camera in self._said_stopped:
+            return
+        if self._decoders.known(camera) and self._decoders.running(camera):
+            return
+        message = f"camera {camera!r}: removed while its decode worker was lost"
+        end_session_in_progress(self._client, self._keys, camera, self._lease, message, final=False)
+        self._registry.decoder_stopped(camera)  # its stream's last entry is written
+        self._said_stopped.add(camera)
+
+    def _file_done(self, camera: str) -> None:
+        self._done.add(camera)
+        self._leases.drop_camera(camera)  # competed for no more
+
+    def _is_file(self, camera: str) -> bool:
+        config = self._cameras.get(camera)
+        return config is not None and not (config.is_live or config.loop)

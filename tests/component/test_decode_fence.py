@@ -1,0 +1,158 @@
+"""The fence of decoders sharded by lease, on a real redis-server: a decoder whose camera
+another worker took over writes nothing more, even when the lease is free again or back with
+its own worker; a decoder cut off while nobody took its camera writes on; a file's session that
+ends marks the file decoded; the roles' leases never mix."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from pipeline.leases.camera_leases import DECODERS, CameraLeases
+from streams.fence import (
+    DecodeLease,
+    LeaseLost,
+    SessionFence,
+    end_session_in_progress,
+    file_decoded,
+)
+from streams.keys import StreamKeys
+from streams.messages import EndOfStream, message_kind, session_progress
+
+A, B = DecodeLease("a", 5000), DecodeLease("b", 5000)
+
+
+def frame(session: str, seq: int) -> tuple[dict, dict]:
+    return {"kind": "frame", "session": session, "seq": seq}, {
+        "session": session,
+        "frames": seq + 1,
+        "redis_down": 0,
+    }
+
+
+def entries(client, keys: StreamKeys, camera: str) -> list[tuple[str, str]]:
+    """(kind, session) of each entry of the camera's stream."""
+    return [
+        (message_kind(fields) or "frame", fields[b"session"].decode())
+        for _id, fields in client.xrange(keys.frames(camera))
+    ]
+
+
+@pytest.fixture
+def keys(prefix) -> StreamKeys:
+    return StreamKeys(prefix)
+
+
+def test_a_decoder_taken_over_writes_nothing_more_even_once_its_lease_is_back(redis_client, keys):
+    redis_client.set(keys.decode_lease("cam"), "a")
+    old = SessionFence(redis_client, keys, "cam", A, final=False)
+    for seq in range(3):
+        old.frame(redis_client, *frame("s1", seq), maxlen=None)
+    # a is cut off past its TTL; b takes the camera and ends a's session from its progress
+    redis_client.set(keys.decode_lease("cam"), "b")
+    ended = end_session_in_progress(redis_client, keys, "cam", B, "a was lost", final=False)
+    assert (ended.session, ended.frames, ended.reason) == ("s1", 3, "crashed")
+    with pytest.raises(LeaseLost, match="another decode worker took it over"):
+        old.frame(redis_client, *frame("s1", 3), maxlen=None)
+    # b's worker dies too, and a's worker holds the lease again: a's old session stays ended
+    redis_client.set(keys.decode_lease("cam"), "a")
+    with pytest.raises(LeaseLost):
+        old.frame(redis_client, *frame("s1", 3), maxlen=None)
+    with pytest.raises(LeaseLost):
+        old.end(redis_client, EndOfStream("cam", 4, "stopped", session="s1"))
+    assert entries(redis_client, keys, "cam") == [("frame", "s1")] * 3 + [("end", "s1")]
+
+
+def test_a_decoder_cut_off_while_nobody_took_its_camera_writes_on(redis_client, keys):
+    redis_client.set(keys.decode_lease("cam"), "a", px=50)
+    fence = SessionFence(redis_client, keys, "cam", A, final=False)
+    fence.frame(redis_client, *frame("s1", 0), maxlen=None)
+    redis_client.delete(keys.decode_lease("cam"))  # its lease ran out; no worker took it
+    fence.frame(redis_client, *frame("s1", 1), maxlen=None)
+    assert redis_client.get(keys.decode_lease("cam")) == b"a"  # its own again
+    assert redis_client.pttl(keys.decode_lease("cam")) > 1000
+    # and the worker that would take it now cannot: a's next tick renews it
+    b = CameraLeases(redis_client, keys, "b", ["cam"], ttl_s=5, role=DECODERS)
+    assert b.tick().gained == ()
+
+
+def test_a_new_session_starts_only_where_none_is_in_progress(redis_client, keys):
+    redis_client.set(keys.decode_lease("cam"), "a")
+    SessionFence(redis_client, keys, "cam", A, final=False).frame(
+        redis_client, *frame("s1", 0), maxlen=None
+    )
+    # a second decoder of the same camera, by mistake, starts while s1 is in progress
+    with pytest.raises(LeaseLost):
+        SessionFence(redis_client, keys, "cam", A, final=False).frame(
+            redis_client, *frame("s2", 0), maxlen=None
+        )
+
+
+def test_a_files_session_that_ends_marks_the_file_decoded(redis_client, keys):
+    redis_client.set(keys.decode_lease("clip"), "a")
+    fence = SessionFence(redis_client, keys, "clip", A, final=True)
+    fence.frame(redis_client, *frame("s1", 0), maxlen=None)
+    assert not file_decoded(redis_client, keys, "clip")
+    fence.end(redis_client, EndOfStream("clip", 1, "eof", session="s1"))
+    assert file_decoded(redis_client, keys, "clip")
+    assert session_progress(redis_client.hgetall(keys.progress("clip"))) is None
+    # a file whose decode worker was lost is decoded by nobody after it: its end says how far
+    redis_client.set(keys.decode_lease("clip2"), "a")
+    SessionFence(redis_client, keys, "clip2", A, final=True).frame(
+        redis_client, *frame("s2", 0), maxlen=None
+    )
+    redis_client.delete(keys.decode_lease("clip2"))
+    ended = end_session_in_progress(redis_client, keys, "clip2", B, "lost", final=True)
+    assert ended.frames == 1 and file_decoded(redis_client, keys, "clip2")
+
+
+def test_a_session_is_not_ended_under_another_workers_lease(redis_client, keys):
+    redis_client.set(keys.decode_lease("cam"), "a")
+    SessionFence(redis_client, keys, "cam", A, final=False).frame(
+        redis_client, *frame("s1", 0), maxlen=None
+    )
+    assert end_session_in_progress(redis_client, keys, "cam", B, "b is late", final=False) is None
+    assert session_progress(redis_client.hgetall(keys.progress("cam")))[0] == "s1"
+
+
+def test_decode_and_detector_leases_are_apart(redis_client, keys):
+    decoders = CameraLeases(redis_client, keys, "w", ["cam"], ttl_s=5, role=DECODERS)
+    detectors = CameraLeases(redis_client, keys, "w", ["cam"], ttl_s=5)
+    assert decoders.tick().gained == ("cam",) and detectors.tick().gained == ("cam",)
+    assert redis_client.get(keys.decode_lease("cam")) == b"w"
+    assert redis_client.get(keys.lease("cam")) == b"w"
+    assert redis_client.zrange(keys.decode_workers(), 0, -1) == [b"w"]
+    decoders.leave()
+    assert redis_client.get(keys.lease("cam")) == b"w"  # the detector's kept
+    assert redis_client.get(keys.decode_lease("cam")) is None
+
+
+class TakenOverWhileLooking(SessionFence):
+    """A fence whose camera another worker takes over just after it looked at the lease (the
+    window a WATCH closes): the transaction must not run."""
+
+    def __init__(self, *args, redis_client, keys, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._other, self._other_keys, self.looks = redis_client, keys, 0
+
+    def _check(self, owner, session, mine):
+        super()._check(owner, session, mine)
+        self.looks += 1
+        if self.looks == 1:
+            self._other.set(self._other_keys.decode_lease("cam"), "b")
+
+
+def test_a_take_over_between_the_look_and_the_write_stops_the_write(redis_url, keys):
+    client = redis.Redis.from_url(redis_url)
+    other = redis.Redis.from_url(redis_url)  # another connection: WATCH sees its write
+    try:
+        client.set(keys.decode_lease("cam"), "a")
+        fence = TakenOverWhileLooking(
+            client, keys, "cam", A, final=False, redis_client=other, keys=keys
+        )
+        with pytest.raises(LeaseLost):
+            fence.frame(client, *frame("s1", 0), maxlen=None)
+        assert fence.looks == 1 and client.xlen(keys.frames("cam")) == 0
+    finally:
+        client.close()
+        other.close()

@@ -1,0 +1,195 @@
+"""Decoders sharded by lease, on a real redis-server with real PyAV decoding and the real model:
+two ``framebatch decode`` workers and one ``framebatch detect`` worker on four cameras.  The
+second decode worker joins and takes its share (the first stops those decoders cleanly first: a
+new session each); then one decode worker is SIGKILLed with its decode processes, as a host
+lost: its cameras reopen on the other within the lease TTL and 2 s, the frames its sessions
+put in Redis are processed and their sessions ended from the progress they kept, and every
+frame of every session is detected or dropped with a cause, none twice after de-duplication."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import redis
+
+from framebatch_tools.audit import audit
+from pipeline.leases.camera_leases import rendezvous_owner
+from streams.embedded_redis import EmbeddedRedis
+from streams.groups import all_read
+from streams.keys import StreamKeys
+from streams.messages import DetectionMessage
+from tests.conftest import MODEL, SAMPLE_CLIPS
+from tests.integration.runner import (
+    even_pair,
+    start_daemon,
+    stop_daemon,
+    wait_for,
+    write_config,
+)
+
+pytestmark = pytest.mark.integration
+
+CLIP = SAMPLE_CLIPS / "testsrc_640x360_15fps.mp4"
+CAMERAS = ["c0", "c1", "c2", "c3"]
+LEASE_TTL_S = 2.0
+PREFIX = "sharded"
+#: two decode workers that rendezvous hashing gives two of the four cameras each
+DECODERS = even_pair(CAMERAS, "decode")
+SHARES = {camera: rendezvous_owner(camera, DECODERS) for camera in CAMERAS}
+
+
+def decode_owners(client: redis.Redis, keys: StreamKeys) -> dict[str, str]:
+    return {c: (client.get(keys.decode_lease(c)) or b"").decode() for c in CAMERAS}
+
+
+def sessions_detected(client: redis.Redis, keys: StreamKeys, camera: str) -> set[str]:
+    return {
+        DetectionMessage.from_fields(fields).session
+        for _id, fields in client.xrange(keys.detections(camera))
+    }
+
+
+def stop_when_read(client: redis.Redis, keys: StreamKeys, detect) -> tuple[int, str]:
+    """Once every frames stream is read to its end, the detector worker stopped: its exit code
+    and its log."""
+    wait_for(
+        lambda: all(all_read(client, keys.frames(c)) for c in CAMERAS),
+        60,
+        "every frames stream read to its end",
+        poll_s=0.2,
+    )
+    code, _out, err = stop_daemon(detect)
+    return code, err
+
+
+def start_decoder(config, worker: str):
+    """A decode worker in a process group of its own: killed with its decode processes."""
+    return start_daemon(
+        config, "--http", "off", "--worker-id", worker, command="decode", own_group=True
+    )
+
+
+def test_decode_workers_share_the_cameras_and_a_lost_ones_reopen_elsewhere(assets, tmp_path):
+    keys = StreamKeys(PREFIX)
+    with EmbeddedRedis() as server, redis.Redis.from_url(server.url) as client:
+        config = write_config(
+            tmp_path / "sharded.yaml",
+            model=MODEL,
+            # looped clips paced at 5 frames/s stand for live cameras (they restart, shed, are
+            # handed over); 20 frames/s in all, within what the model keeps up with here
+            cameras=[
+                {"id": c, "url": str(CLIP), "loop": True, "realtime": True, "fps": 5}
+                for c in CAMERAS
+            ],
+            redis_url=server.url,
+            prefix=PREFIX,
+            redis={"url": server.url, "prefix": PREFIX, "lease_ttl_s": LEASE_TTL_S},
+            max_batch_size=4,
+        )
+        first, second = DECODERS
+        processes = {"detect": start_daemon(config, "--http", "off", command="detect")}
+        try:
+            processes[first] = start_decoder(config, first)
+            wait_for(
+                lambda: set(decode_owners(client, keys).values()) == {first}, 60, "all decoded"
+            )
+            wait_for(
+                lambda: all(sessions_detected(client, keys, c) for c in CAMERAS), 120, "detected"
+            )
+            # the second joins: it takes its share once the first stopped those decoders
+            processes[second] = start_decoder(config, second)
+            wait_for(lambda: decode_owners(client, keys) == SHARES, 30, "the cameras shared")
+            theirs = sorted(c for c, w in SHARES.items() if w == second)
+            wait_for(
+                lambda: all(len(sessions_detected(client, keys, c)) >= 2 for c in theirs),
+                60,
+                "a new session of each camera handed over",
+            )
+            # the first is lost with its decode processes, as a host would be
+            victim = first
+            lost = sorted(c for c, w in SHARES.items() if w == victim)
+            before_kill = {c: sessions_detected(client, keys, c) for c in lost}
+            os.killpg(processes[victim].pid, signal.SIGKILL)
+            killed_at = time.monotonic()
+            wait_for(
+                lambda: all(decode_owners(client, keys)[c] == second for c in lost),
+                LEASE_TTL_S + 10,
+                "the lost worker's cameras reopened",
+                poll_s=0.02,
+            )
+            reopened_after = time.monotonic() - killed_at
+            wait_for(
+                lambda: all(sessions_detected(client, keys, c) - before_kill[c] for c in lost),
+                60,
+                "a new session of each lost camera detected",
+            )
+            code, _out, err = stop_daemon(processes[second])
+            assert code == 0, err[-3000:]
+            # every session ended (the killed ones from their progress): read to the end
+            code, err = stop_when_read(client, keys, processes["detect"])
+            assert code == 0, err[-3000:]
+        finally:
+            for process in processes.values():
+                if process.poll() is None:
+                    stop_daemon(process)
+        assert reopened_after <= LEASE_TTL_S + 2.0, reopened_after
+        for report in audit(client, keys, CAMERAS):
+            assert report.ok, report.line()
+            assert report.detected > 0 and report.sessions >= 2, report.line()
+        crashed = [
+            fields
+            for _id, fields in client.xrange(keys.events())
+            if fields.get(b"event") == b"crashed"
+        ]
+        assert {f[b"camera"].decode() for f in crashed} == set(lost)  # ended by the other
+        assert not client.zrange(keys.decode_workers(), 0, -1)  # the one stopped left
+
+
+def test_a_file_job_is_decoded_once_even_when_its_decode_worker_is_lost(assets, tmp_path):
+    keys = StreamKeys(PREFIX)
+    with EmbeddedRedis() as server, redis.Redis.from_url(server.url) as client:
+        config = write_config(
+            tmp_path / "files.yaml",
+            model=MODEL,
+            # file jobs wait for room in their 4-frame streams: paced by the detector worker
+            cameras=[{"id": c, "url": str(CLIP), "realtime": False} for c in CAMERAS],
+            redis_url=server.url,
+            prefix=PREFIX,
+            redis={
+                "url": server.url,
+                "prefix": PREFIX,
+                "lease_ttl_s": LEASE_TTL_S,
+                "frames_maxlen": 4,
+            },
+            max_batch_size=4,
+        )
+        processes = {"detect": start_daemon(config, "--http", "off", command="detect")}
+        try:
+            for worker in DECODERS:
+                processes[worker] = start_decoder(config, worker)
+            wait_for(lambda: client.xlen(keys.detections("c0")) >= 5, 120, "c0 detected")
+            victim = decode_owners(client, keys)["c0"]
+            lost = sorted(c for c, w in decode_owners(client, keys).items() if w == victim)
+            os.killpg(processes[victim].pid, signal.SIGKILL)
+            survivor = next(w for w in DECODERS if w != victim)
+            # it ends the lost worker's files (decoded no further), finishes its own, and exits
+            # 1: those cameras' jobs ended before their files did
+            code = processes[survivor].wait(120)
+            err = processes[survivor].stderr.read()
+            assert code == 1, err[-3000:]
+            for camera in lost:
+                assert f"crashed camera {camera!r}: its decode worker was lost" in err
+            code, err = stop_when_read(client, keys, processes["detect"])
+            assert code == 1, err[-3000:]  # its summary says which files ended crashed
+        finally:
+            for process in processes.values():
+                if process.poll() is None:
+                    stop_daemon(process)
+        for report in audit(client, keys, CAMERAS):
+            assert report.ok and report.sessions == 1, report.line()  # never decoded twice
+            if report.camera not in lost:
+                assert report.detected == 60, report.line()
+        assert all(client.get(keys.decoded(c)) for c in CAMERAS)
