@@ -54,7 +54,7 @@ from pipeline.leases.camera_leases import lease_probes, new_worker_id
 from pipeline.ledger.earlier_runs import drain
 from pipeline.ledger.summary import RunSummary
 from pipeline.serve.control import CameraView
-from pipeline.serve.metrics import OutputsCollector
+from pipeline.serve.metrics import DecodePlacementCollector, OutputsCollector
 from pipeline.supervisor.boundary import composing, run_errors
 from pipeline.supervisor.builders import check_run_mode, load_detector
 from pipeline.supervisor.cameras import LiveCameras
@@ -192,6 +192,7 @@ class Pipeline:
         config: Config,
         *,
         worker_id: str | None = None,
+        capacity: float | None = None,
         stop: threading.Event | None = None,
         on_event: OnEvent = lambda event: None,
         telemetry: Telemetry = NO_TELEMETRY,
@@ -199,10 +200,11 @@ class Pipeline:
     ) -> Pipeline:
         """``framebatch decode``: one decode worker, which decodes its share of the registered
         cameras (taken through leases, shared with the other decode workers; ``worker_id``
-        unique among them, default host-pid-random) into the shared Redis; detector workers
+        unique among them, default host-pid-random; ``capacity``: the most camera weight it
+        takes, default ``decoding.worker_capacity``) into the shared Redis; detector workers
         elsewhere read their frames (it opens no sink: it writes no detection; its HTTP
-        endpoint serves metrics and health only).  Ends when stopped, or once every registered
-        camera is a file decoded (by any worker)."""
+        endpoint serves metrics, health and its placement, ``/api/decoders``).  Ends when
+        stopped, or once every registered camera is a file decoded (by any worker)."""
         _check_shared_redis(config, "decode")
         stop = stop or threading.Event()
         with composing(config) as stack:
@@ -219,12 +221,23 @@ class Pipeline:
             # no detector worker here: a decoder keeps its ring until its stream is read
             decoders = DecoderSupervisor(config, services, rings_read_here=False, lease=lease)
             sharded = ShardedDecoders.joining(
-                registry, config, decoders, services, lease=lease, stop=stop
+                config,
+                decoders,
+                services,
+                lease=lease,
+                capacity=config.decoding.worker_capacity if capacity is None else capacity,
+                stop=stop,
             )
             stack.callback(sharded.leave)  # once the decoders are joined (the next callback)
             stack.callback(decoders.close)
+            services.registry.register(DecodePlacementCollector(sharded.status))
             http_url = start_http(
-                http_socket, services, cameras=None, token=config.http.token, stack=stack
+                http_socket,
+                services,
+                cameras=None,
+                token=config.http.token,
+                stack=stack,
+                decoders=sharded.status,
             )
             return cls(
                 config,

@@ -73,6 +73,7 @@ class DecoderJob:
     reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S
     max_frame_bytes: int | None = None  # the largest prepared frame: sizes a shm ring's slots
     run: int = 1  # which start of the camera this is: its reports name it
+    session: str | None = None  # claimed under the camera's decode lease (streams.fence)
 
 
 @dataclass(frozen=True)
@@ -210,6 +211,7 @@ def _decode(
             prepare=job.prepare,
             encoder=encoder,
             fail_fast_client=fail_fast,
+            session=job.session,
         ).run(stop)
     except redis.RedisError as exc:
         if not is_outage(exc):

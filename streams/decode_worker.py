@@ -140,9 +140,11 @@ class DecodeWorker:
         clock: Callable[[], float] = time.time,
         fail_fast_client: redis.Redis | None = None,
         open_source: Callable[[DecoderSpec], VideoSource] | None = None,
+        session: str | None = None,
     ):
         """``encoder``: how pixels travel (default raw inline); the caller closes it.
         ``open_source`` makes each connection's source (default :func:`video_source`).
+        ``session``: the session's id, claimed already (under a lease); default a new one.
 
         ``redis_client`` retries through Redis outages (a file job pauses); a camera that
         keeps the freshest frames (no backpressure) sends them with ``fail_fast_client``
@@ -158,7 +160,8 @@ class DecodeWorker:
         self._clock = clock
         self._open_source = open_source or video_source
         self._events = EventLog(self._frames_redis, keys)  # best effort, never waits long
-        self.session = new_session_id()  # with seq, names each frame uniquely across restarts
+        # with seq, names each frame uniquely across restarts
+        self.session = session or new_session_id()
         self.seq = 0
         self.decode_errors = 0
         self.redis_down = 0  # frames shed while Redis was unreachable (their seq is used up)

@@ -1,21 +1,24 @@
-"""The fence of a decoder sharded by lease (``framebatch decode``): every write of its session
-(a frame with the session's progress, the progress alone, its end entry) first checks, in the
-same atomic step, that the decoder may still write (a Lua script; for a frame, whose pixels
-would cost Redis dearly through Lua, a WATCH/MULTI transaction), so a decode host that was cut
-off, or paused, and whose cameras another host took over meanwhile, cannot add a frame behind
-the next session's.
+"""The fence of a decoder sharded by lease (``framebatch decode``): a decoder writes only its
+own session, and only while nobody took its camera over.
 
-A write of session S by worker W goes through when
+A session S is *claimed* before its decoder starts (:func:`claim_session`): by the worker W
+that holds the camera's decode lease, only where no session is in progress (the camera's
+progress hash is absent: the one before has its end entry) and, for a file, where the file is
+not decoded yet; the claim writes the progress hash naming S.  Every write of S after that (a
+frame with its progress, the progress alone, its end entry) first checks, in the same atomic
+step (a Lua script; for a frame, whose pixels would cost Redis dearly through Lua, a WATCH/MULTI
+transaction), that
 
-* the camera's decode lease is W's, or free (then it is W's again: nobody took the camera over,
-  so nobody started another session), and
-* the camera's progress hash names S (S's first write finds none).
+* the progress still names S: nobody ended S (whoever takes a lost decoder's camera over ends
+  its session from its progress, :func:`end_session_in_progress`, which deletes it), and
+* the lease is W's, or free (it ran out while W was cut off and nobody took the camera: with
+  the progress still S's, nobody started another session; W's again).
 
-Whoever takes a dead or cut-off decoder's camera over ends that decoder's session from its
-progress (:func:`end_session_in_progress`), which deletes the progress: any later write of S is
-then refused, and its decoder stops without a word more (:class:`LeaseLost`).  A file's session
-that ends, however it ends, marks the file decoded (``StreamKeys.decoded``), with its end entry:
-a file job is never decoded twice.  Every key is the camera's (one Cluster slot).
+So a decode host that was cut off or paused, and whose cameras another host took over
+meanwhile, adds nothing behind the next session's, even once the lease has come back to its
+worker; its decoders stop without a word more (:class:`LeaseLost`).  A file's session that
+ends, however it ends, marks the file decoded (``StreamKeys.decoded``) with its end entry: a
+file job is never claimed again.  Every key is the camera's (one Cluster slot).
 """
 
 from __future__ import annotations
@@ -32,32 +35,43 @@ from streams.messages import EndOfStream, session_progress
 _LOOK = "return {redis.call('GET', KEYS[1]), redis.call('HGET', KEYS[2], 'session')}"
 
 #: KEYS: lease, frames, progress, decoded; ARGV: worker, ttl ms, what ('progress', 'end'),
-#: session, frames, redis_down, first ('1': the session has written nothing yet), final ('1': a
-#: file job), then the end entry's field/value pairs.  Returns -1 refused, else 0 (or the
-#: stream's length after a 'progress' write).
+#: session, frames, redis_down, final ('1': a file job), then the end entry's field/value
+#: pairs.  Returns -1 refused, else 0 (or the stream's length after a 'progress' write).
 _WRITE = """
 local owner = redis.call('GET', KEYS[1])
 if owner and owner ~= ARGV[1] then return -1 end
-local session = redis.call('HGET', KEYS[3], 'session')
-if session ~= ARGV[4] and not (session == false and ARGV[7] == '1') then return -1 end
+if redis.call('HGET', KEYS[3], 'session') ~= ARGV[4] then return -1 end
 if not owner then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end
 if ARGV[3] == 'end' then
-  redis.call('XADD', KEYS[2], '*', unpack(ARGV, 9))
+  redis.call('XADD', KEYS[2], '*', unpack(ARGV, 8))
   redis.call('DEL', KEYS[3])
-  if ARGV[8] == '1' then redis.call('SET', KEYS[4], ARGV[4]) end
+  if ARGV[7] == '1' then redis.call('SET', KEYS[4], ARGV[4]) end
   return 0
 end
 redis.call('HSET', KEYS[3], 'session', ARGV[4], 'frames', ARGV[5], 'redis_down', ARGV[6])
 return redis.call('XLEN', KEYS[2])
 """
 
-#: KEYS: lease, frames, progress, decoded; ARGV: worker, ttl ms, session read ('': none),
-#: final ('1'), then the end entry's field/value pairs.  Ends the session in progress, if it is
-#: still the one read and the lease is this worker's (or free: taken): 1; else 0.
+#: KEYS: lease, progress, decoded; ARGV: worker, ttl ms, session, final ('1').  Claims a new
+#: session: 1; 0 when the lease is another worker's, a session is in progress, or (final) the
+#: file is decoded.
+_CLAIM = """
+local owner = redis.call('GET', KEYS[1])
+if owner and owner ~= ARGV[1] then return 0 end
+if redis.call('HGET', KEYS[2], 'session') then return 0 end
+if ARGV[4] == '1' and redis.call('GET', KEYS[3]) then return 0 end
+if not owner then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end
+redis.call('HSET', KEYS[2], 'session', ARGV[3], 'frames', '0', 'redis_down', '0')
+return 1
+"""
+
+#: KEYS: lease, frames, progress, decoded; ARGV: worker, ttl ms, session read, final ('1'),
+#: then the end entry's field/value pairs.  Ends the session in progress, if it is still the
+#: one read and the lease is this worker's (or free: taken): 1; else 0.
 _END_IN_PROGRESS = """
 local owner = redis.call('GET', KEYS[1])
 if owner and owner ~= ARGV[1] then return 0 end
-if (redis.call('HGET', KEYS[3], 'session') or '') ~= ARGV[3] then return 0 end
+if redis.call('HGET', KEYS[3], 'session') ~= ARGV[3] then return 0 end
 if not owner then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end
 redis.call('XADD', KEYS[2], '*', unpack(ARGV, 5))
 redis.call('DEL', KEYS[3])
@@ -110,7 +124,6 @@ class SessionFence:
         self._keys = _keys(keys, camera)
         self._lease = lease
         self._final = "1" if final else "0"
-        self._written = False  # the session's first write may find no progress
 
     def frame(
         self, client: redis.Redis, fields: Fields, progress: Fields, maxlen: int | None
@@ -134,13 +147,10 @@ class SessionFence:
                     pipe.execute()
                 except redis.WatchError:
                     continue  # renewed, or taken, meanwhile: looked at again
-            self._written = True
             return
 
     def _check(self, owner: bytes | None, session: bytes | None, mine: str) -> None:
-        if owner not in (None, self._lease.worker.encode()) or (
-            session != mine.encode() and not (session is None and not self._written)
-        ):
+        if owner not in (None, self._lease.worker.encode()) or session != mine.encode():
             raise self._lost(mine)
 
     def _lost(self, session: object) -> LeaseLost:
@@ -159,7 +169,6 @@ class SessionFence:
         self._call(client, "end", {"session": end.session, **progress}, end.to_fields())
 
     def _call(self, client: redis.Redis, what: str, progress: Fields, fields: Fields) -> int:
-        first = "0" if self._written else "1"
         args = [
             self._lease.worker,
             self._lease.ttl_ms,
@@ -167,15 +176,31 @@ class SessionFence:
             progress["session"],
             progress["frames"],
             progress["redis_down"],
-            first,
             self._final,
             *_pairs(fields),
         ]
         result = int(self._script(keys=self._keys, args=args, client=client))
         if result < 0:
             raise self._lost(progress["session"])
-        self._written = True
         return result
+
+
+def claim_session(
+    client: redis.Redis,
+    keys: StreamKeys,
+    camera: str,
+    lease: DecodeLease,
+    session: str,
+    *,
+    final: bool,
+) -> bool:
+    """Claims ``session`` for a decoder about to start (see the module's docstring); False:
+    the lease is another worker's, a session is still in progress (end it first), or the file
+    is decoded."""
+    script = client.register_script(_CLAIM)
+    claim_keys = [keys.decode_lease(camera), keys.progress(camera), keys.decoded(camera)]
+    args = [lease.worker, lease.ttl_ms, session, "1" if final else "0"]
+    return bool(script(keys=claim_keys, args=args))
 
 
 def end_session_in_progress(
@@ -186,29 +211,20 @@ def end_session_in_progress(
     message: str,
     *,
     final: bool,
-    if_none: bool = False,
+    session: str | None = None,
 ) -> EndOfStream | None:
     """Ends the session the camera's progress names (its decoder died, or was cut off and will
-    be fenced out), as crashed, with the frames it counted; a file job is then decoded.  None
-    when there is none to end (``if_none``: this worker's decoder died before its first frame;
-    its end is written all the same, frames -1, as the daemon does), or the lease is another
-    worker's."""
+    be fenced out), as crashed, with the frames it counted; a file job is then decoded.
+    ``session``: only that one (a decoder of this worker that died), not another that has
+    started since.  None when there is none to end, or the lease is another worker's."""
     script = client.register_script(_END_IN_PROGRESS)
     while True:
         progress = session_progress(client.hgetall(keys.progress(camera)))
-        if progress is None and not if_none:
+        if progress is None or (session is not None and progress[0] != session):
             return None
-        session, frames, redis_down = progress or ("", -1, 0)
-        end = EndOfStream(
-            camera, frames, "crashed", message, session=session, redis_down=redis_down
-        )
-        args = [
-            lease.worker,
-            lease.ttl_ms,
-            session,
-            "1" if final else "0",
-            *_pairs(end.to_fields()),
-        ]
+        found, frames, redis_down = progress
+        end = EndOfStream(camera, frames, "crashed", message, session=found, redis_down=redis_down)
+        args = [lease.worker, lease.ttl_ms, found, "1" if final else "0", *_pairs(end.to_fields())]
         if script(keys=_keys(keys, camera), args=args):
             return end
         if client.get(keys.decode_lease(camera)) not in (None, lease.worker.encode()):
@@ -221,14 +237,26 @@ def file_decoded(client: redis.Redis, keys: StreamKeys, camera: str) -> bool:
     return client.get(keys.decoded(camera)) is not None
 
 
+_probe_progress = {"session": "probe", "frames": 1, "redis_down": 0}
+
+
 def fence_probes(client: redis.Redis, key: str) -> list[tuple[str, Callable[[], object]]]:
-    """(what, call) for the commands the fence's scripts run (GET, SET, HGET, HSET, XADD, XLEN,
-    DEL), on probe keys under ``key``, for the start-up check of the Redis user's rights."""
+    """(what, call) for the commands the fence runs (WATCH, EVAL, MULTI, EXEC; in its scripts
+    GET, SET, HGET, HSET, XADD, XLEN, DEL), on probe keys under ``key``, for the start-up check
+    of the Redis user's rights."""
     keys = StreamKeys(key)
     lease = DecodeLease("probe", 1000)
     fence = SessionFence(client, keys, "probe", lease, final=True)
     end = EndOfStream("probe", 0, "stopped", session="probe")
     return [
+        (
+            "EVALSHA (a decoder's session claimed)",
+            lambda: claim_session(client, keys, "probe", lease, "probe", final=True),
+        ),
+        (
+            "WATCH, EVAL, MULTI (a decoder's fenced frame)",
+            lambda: fence.frame(client, {"probe": 1}, _probe_progress, None),
+        ),
         ("EVALSHA (a decoder's fenced write)", lambda: fence.end(client, end)),
         (
             "EVALSHA (a lost decoder's session ended)",

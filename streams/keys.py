@@ -66,6 +66,11 @@ class StreamKeys:
         :meth:`workers`: they share the cameras through :meth:`decode_lease`."""
         return f"{self.prefix}:decode-workers"
 
+    def decode_capacity(self) -> str:
+        """Hash of each decode worker's capacity (``decoding.worker_capacity``; empty: no
+        limit), read by every decode worker for the plan (``pipeline.leases.placement``)."""
+        return f"{self.prefix}:decode-capacity"
+
     def decode_lease(self, camera: str) -> str:
         """The id of the decode worker that decodes this camera now (expires with its TTL);
         every frame that worker writes checks it (``streams.fence``)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 import threading
 from pathlib import Path
@@ -45,6 +46,13 @@ def register(commands: Any) -> None:
         metavar="NAME",
         help="this decode worker's name in the leases, unique among the decode workers (e.g. "
         "the pod name; default: host-pid-random)",
+    )
+    decode.add_argument(
+        "--capacity",
+        type=_positive,
+        metavar="WEIGHT",
+        help="the most camera weight (decode_weight, default 1 a camera) this worker takes "
+        "(default: decoding.worker_capacity, unset: no limit)",
     )
     decode.add_argument(
         "--summary-json",
@@ -130,7 +138,11 @@ def cmd_decode(args: argparse.Namespace) -> int:
         config = _config(args)
         stop = _stop_signal(config)
         with Pipeline.init_decode(
-            config, worker_id=args.worker_id, stop=stop, on_event=on_event
+            config,
+            worker_id=args.worker_id,
+            capacity=args.capacity,
+            stop=stop,
+            on_event=on_event,
         ) as pipeline:
             pipeline.run()
     except FramebatchError as exc:
@@ -195,6 +207,14 @@ def _serve(args: argparse.Namespace, compose, *, progress: bool = False) -> int:
     removed = set(pipeline.cameras_in("removed"))
     failed = [c for c in summary.cameras if c.failed and c.camera not in removed]
     return EXIT_CAMERA_ERRORS if failed else EXIT_OK
+
+
+def _positive(text: str) -> float:
+    """A number > 0 (argparse reports the ValueError as a usage error naming the option)."""
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
 
 
 def _stop_signal(config) -> threading.Event:

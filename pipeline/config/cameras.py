@@ -57,6 +57,13 @@ class CameraConfig(BaseModel):
     priority: int = Field(
         0, ge=0, le=9, description="Priority level; 0 is served first and shed last"
     )
+    decode_weight: Finite = Field(
+        1.0,
+        gt=0,
+        le=1000,
+        description="What decoding this camera costs, in the unit of decoding.worker_capacity "
+        "(a decode worker takes cameras up to its capacity; default 1: capacity counts cameras)",
+    )
     max_wait_frames: Finite | None = Field(
         None, gt=0, description="Overrides batching.max_wait_frames"
     )

@@ -211,6 +211,13 @@ class DecodingConfig(BaseModel):
         "its cameras (restarted with new sessions); fewer processes start faster and use "
         "less memory",
     )
+    worker_capacity: Finite | None = Field(
+        None,
+        gt=0,
+        description="framebatch decode: the most camera weight (decode_weight) one decode "
+        "worker takes; unset: no limit.  What no worker has room for is reported unplaced "
+        "(framebatch_decode_unplaced_cameras, /api/decoders), not decoded",
+    )
 
 
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")

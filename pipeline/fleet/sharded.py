@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import redis
 
@@ -40,6 +41,7 @@ from pipeline.leases.camera_leases import (
     wait_for_worker_id,
     worker_lease_probes,
 )
+from pipeline.leases.placement import Placement, place
 from pipeline.supervisor.decoders import DecoderSupervisor
 from pipeline.supervisor.part import Part
 from pipeline.supervisor.services import Services
@@ -66,28 +68,34 @@ class ShardedDecoders(Part):
 
     def __init__(
         self,
-        registry: CameraRegistry,
         config: Config,
         decoders: DecoderSupervisor,
         services: Services,
         *,
         lease: DecodeLease,
+        capacity: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
-        self._registry = registry
-        self._follower = RegistryFollower(registry)  # every camera is new at the first look
+        """``capacity``: the most camera weight this worker takes (None: no limit)."""
+        # a tick never waits out an outage: every call here fails fast, retried next tick
+        self._registry = CameraRegistry(services.fail_fast, services.keys)
+        self._follower = RegistryFollower(self._registry)  # every camera new at the first look
         self._decoders = decoders
         self._services = services
-        self._client, self._keys = services.client, services.keys
+        self._client, self._keys = services.fail_fast, services.keys
         self._lease = lease
         self._leases = CameraLeases(
-            services.client,
+            services.fail_fast,
             services.keys,
             lease.worker,
             [],
             ttl_s=config.redis.lease_ttl_s,
             role=DECODERS,
+            owner_of=self._plan,
         )
+        self._capacity = capacity
+        self.placement = Placement({}, (), {})  # as planned at the last lease tick
+        self._capacities: dict[str, float | None] = {}
         self._clock = clock
         self._next_tick = 0.0
         self._cameras: dict[str, CameraConfig] = {}
@@ -99,12 +107,12 @@ class ShardedDecoders(Part):
     @classmethod
     def joining(
         cls,
-        registry: CameraRegistry,
         config: Config,
         decoders: DecoderSupervisor,
         services: Services,
         *,
         lease: DecodeLease,
+        capacity: float | None,
         stop,
     ) -> ShardedDecoders:
         """Once no running decode worker has this one's id (a restarted pod waits out its old
@@ -117,7 +125,7 @@ class ShardedDecoders(Part):
             ttl_s=config.redis.lease_ttl_s,
             stop=stop,
         )
-        return cls(registry, config, decoders, services, lease=lease)
+        return cls(config, decoders, services, lease=lease, capacity=capacity)
 
     # --- the supervisor's tick -----------------------------------------------------------------
     def tick(self) -> None:
@@ -157,11 +165,25 @@ class ShardedDecoders(Part):
         lease let go (the others take the cameras at their next tick, not after the TTL)."""
         try:
             self._leases.leave()
+            self._client.hdel(self._keys.decode_capacity(), self._lease.worker)
         except OUTAGE_ERRORS as exc:
             log.warning("decode leases not let go (they run out in their TTL): %s", exc)
 
     def held(self) -> set[str]:
         return set(self._leases.held)
+
+    def status(self) -> dict[str, Any]:
+        """What ``/api/decoders`` answers (thread-safe: read from the last tick's plan)."""
+        placement, capacities = self.placement, self._capacities
+        return {
+            "worker": self._lease.worker,
+            "workers": {
+                worker: {"capacity": capacities.get(worker), "load": load}
+                for worker, load in sorted(placement.load.items())
+            },
+            "decoding": sorted(c for c, w in placement.owners.items() if w == self._lease.worker),
+            "unplaced": list(placement.unplaced),
+        }
 
     # --- inside --------------------------------------------------------------------------------
     def _follow(self) -> None:
@@ -171,8 +193,9 @@ class ShardedDecoders(Part):
             before = self._cameras.get(camera.id)
             if before is None:
                 self._leases.add_camera(camera.id)
-            elif self._decoders.decoding(camera.id):
-                note_unapplied(camera, differing(before, camera) - DETECTOR_SETTINGS)
+            elif self._decoders.decoding(camera.id):  # a weight is planned with at once
+                unapplied = differing(before, camera) - DETECTOR_SETTINGS - {"decode_weight"}
+                note_unapplied(camera, unapplied)
             self._cameras[camera.id] = camera
             self._follower.applied(camera.id, entry.version)
         for entry in changes.removing:
@@ -189,18 +212,36 @@ class ShardedDecoders(Part):
             self._cameras.pop(camera, None)
             self._follower.forgot(camera)
 
-    def _lease_tick(self) -> None:
-        changes = self._leases.tick()
-        for camera in changes.lost:
+    def _plan(self, workers: tuple[str, ...]) -> Callable[[str], str | None]:
+        """The owner of each camera among ``workers`` (the live decode workers), weighed against
+        their capacities; what no worker has room for is said once, and counted."""
+        raw = self._client.hgetall(self._keys.decode_capacity())
+        known = {_text(w): _text(c) for w, c in raw.items()}
+        capacities = {w: (float(known[w]) if known.get(w) else None) for w in workers}
+        weights = {
+            c: self._cameras[c].decode_weight for c in self._leases.cameras if c in self._cameras
+        }
+        placement = place(weights, capacities)
+        for camera in sorted(set(placement.unplaced) - set(self.placement.unplaced)):
             log.warning(
-                "camera %s: its decode lease went to another worker; decoder stopped", camera
+                "camera %s: no decode worker has room for it (weight %g; capacities %s): not "
+                "decoded until one has",
+                camera,
+                weights[camera],
+                ", ".join(
+                    f"{w} {c if c is not None else 'unlimited'}" for w, c in capacities.items()
+                ),
             )
-            if self._decoders.decoding(camera):
-                self._decoders.abandon(camera)
-        for camera in changes.handing_over:
-            if self._decoders.decoding(camera) and not self._is_file(camera):
-                log.info("camera %s: another decode worker takes it; handing it over", camera)
-                self._decoders.remove(camera)  # writes its end; the lease goes once it exited
+        for camera in sorted(set(self.placement.unplaced) - set(placement.unplaced)):
+            if camera in placement.owners:
+                log.info("camera %s: placed on decode worker %s", camera, placement.owner(camera))
+        self.placement, self._capacities = placement, capacities
+        return placement.owner
+
+    def _lease_tick(self) -> None:
+        capacity = "" if self._capacity is None else repr(self._capacity)
+        self._client.hset(self._keys.decode_capacity(), self._lease.worker, capacity)
+        changes = self._leases.tick()  # what it changed is settled from the leases' state
         if changes:
             log.info(
                 "decode workers %s; this one decodes %d camera(s)",
@@ -209,10 +250,19 @@ class ShardedDecoders(Part):
             )
 
     def _settle(self) -> None:
-        """Each camera held brought to what it should be."""
+        """Each camera brought to what the leases say, from their state (not only from what a
+        tick reported: a tick an outage cut short reports nothing)."""
+        mine = self._leases.held | self._leases.handing_over
+        for camera in self._decoders.decoding_cameras():
+            if camera not in mine:  # another worker's now: fenced out already
+                log.warning("camera %s: no longer this worker's; its decoder stops", camera)
+                self._decoders.abandon(camera)
         for camera in sorted(self._leases.handing_over):
             if self._is_file(camera) and camera not in self._done:
                 self._run(camera)  # a file job is finished where it started
+            elif self._decoders.decoding(camera):
+                log.info("camera %s: another decode worker takes it; handing it over", camera)
+                self._decoders.remove(camera)  # writes its end; the lease goes once it exited
             elif not self._decoders.known(camera) or not self._decoders.running(camera):
                 self._leases.release(camera)
                 log.info("camera %s: handed over", camera)
@@ -251,6 +301,7 @@ class ShardedDecoders(Part):
                 ended.frames,
             )
             EventLog(self._client, self._keys).emit(camera, "crashed", ended.error)
+            self._decoders.keep_end(camera, ended.to_fields())
             if file_job:
                 self._file_done(camera)
                 return
@@ -279,3 +330,7 @@ class ShardedDecoders(Part):
     def _is_file(self, camera: str) -> bool:
         config = self._cameras.get(camera)
         return config is not None and not (config.is_live or config.loop)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

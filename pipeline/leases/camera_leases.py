@@ -24,6 +24,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 
 import redis
 
@@ -74,6 +75,11 @@ def rendezvous_owner(camera: str, workers: Iterable[str]) -> str | None:
     return max(workers, key=lambda worker: _weight(worker, camera), default=None)
 
 
+def rendezvous_rank(camera: str, workers: Iterable[str]) -> list[str]:
+    """The workers in the order this camera prefers them (the first is its owner)."""
+    return sorted(workers, key=lambda worker: _weight(worker, camera), reverse=True)
+
+
 def _weight(worker: str, camera: str) -> tuple[int, str]:
     digest = hashlib.blake2b(f"{worker}\0{camera}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big"), worker  # the id breaks a (2^-64) tie
@@ -116,6 +122,10 @@ class CameraLeases:
     cameras: list[str]
     ttl_s: float = 5.0
     role: LeaseRole = DETECTORS
+    #: who owns each camera among the live workers given (default: rendezvous hashing); the
+    #: decoders' plan weighs the cameras against the workers' capacities
+    #: (``pipeline.leases.placement``)
+    owner_of: Callable[[tuple[str, ...]], Callable[[str], str | None]] | None = None
     held: set[str] = field(default_factory=set)
     handing_over: set[str] = field(default_factory=set)  # held until release()
     clock: Callable[[], float] = time.monotonic
@@ -147,8 +157,11 @@ class CameraLeases:
             )
         )
         gained, lost, handing_over = [], [], []
+        owner = (
+            self.owner_of(workers) if self.owner_of else partial(rendezvous_owner, workers=workers)
+        )
         for camera in self.cameras:
-            wins = rendezvous_owner(camera, workers) == self.worker_id
+            wins = owner(camera) == self.worker_id
             if camera in self.held or camera in self.handing_over:
                 if not self._hold_lease(camera):
                     lost.append(camera)

@@ -19,7 +19,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -370,3 +370,37 @@ class OutputsCollector(Collector):
             backlog.add_metric([name, stats.kind], stats.backlog + stats.pending)
             failing.add_metric([name, stats.kind], float(stats.failing))
         yield from (delivered, dropped, backlog, failing)
+
+
+class DecodePlacementCollector(Collector):
+    """A decode worker's view of the decode workers' plan (``framebatch decode``), read at
+    scrape time from its last lease tick."""
+
+    def __init__(self, status: Callable[[], Mapping[str, Any]]):
+        self._status = status
+
+    def collect(self) -> Iterator[Metric]:
+        status = self._status()
+        unplaced = GaugeMetricFamily(
+            "framebatch_decode_unplaced_cameras",
+            "Registered cameras no decode worker has room for (decoding.worker_capacity): not "
+            "decoded until one has",
+        )
+        unplaced.add_metric([], len(status["unplaced"]))
+        decoding = GaugeMetricFamily(
+            "framebatch_decode_cameras", "Cameras the plan gives this decode worker"
+        )
+        decoding.add_metric([], len(status["decoding"]))
+        mine = status["workers"].get(status["worker"], {"load": 0.0, "capacity": None})
+        load = GaugeMetricFamily(
+            "framebatch_decode_load",
+            "The camera weight (decode_weight) the plan gives this decode worker",
+        )
+        load.add_metric([], mine["load"])
+        yield from (unplaced, decoding, load)
+        if mine["capacity"] is not None:
+            capacity = GaugeMetricFamily(
+                "framebatch_decode_capacity", "This decode worker's decoding.worker_capacity"
+            )
+            capacity.add_metric([], mine["capacity"])
+            yield capacity

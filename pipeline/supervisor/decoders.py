@@ -38,9 +38,9 @@ from pipeline.supervisor.services import Services
 from streams.decode_process import DecoderJob, Message, ProcessSettings
 from streams.decode_worker import DecoderSpec, ProcessFlag
 from streams.events import EventLog
-from streams.fence import LEASE_LOST, DecodeLease, end_session_in_progress
+from streams.fence import LEASE_LOST, DecodeLease, claim_session, end_session_in_progress
 from streams.keys import StreamKeys
-from streams.messages import EndOfStream, message_kind, session_progress
+from streams.messages import EndOfStream, message_kind, new_session_id, session_progress
 from streams.shm_ring import remove_segments
 from streams.transport import host_id
 
@@ -82,6 +82,7 @@ class _Decoder:
     spec: DecoderSpec
     removing: bool = False  # removed through the API, or handed over: drains, never restarts
     lost: bool = False  # its lease went to another decode worker: stops, writes nothing more
+    session: str | None = None  # the current run's, claimed under the lease
     ended: bool = False  # the current run sent its end entry (its ring may still be read)
     kill_at: float | None = None  # removing: killed if still running then
     restarts: int = 0  # since the last healthy period: sets the backoff
@@ -241,6 +242,10 @@ class DecoderSupervisor(Part):
     def known(self, camera: str) -> bool:
         return camera in self._decoders
 
+    def decoding_cameras(self) -> list[str]:
+        """The cameras :meth:`decoding` here."""
+        return sorted(camera for camera in self._decoders if self.decoding(camera))
+
     def decoding(self, camera: str) -> bool:
         """The camera has a decoder here that runs, or will run again (a restart due), and is
         not being stopped."""
@@ -278,6 +283,7 @@ class DecoderSupervisor(Part):
     def _job(self, spec: DecoderSpec) -> DecoderJob:
         return DecoderJob(
             run=self._sessions[spec.camera],
+            session=self._decoders[spec.camera].session,
             spec=spec,
             redis_url=self._redis_url,
             prefix=self._keys.prefix,
@@ -289,8 +295,24 @@ class DecoderSupervisor(Part):
         )
 
     def _start(self, spec: DecoderSpec) -> None:
+        """Starts a decoder for a new session (under a lease: claimed first, else not started,
+        and the camera left to the leases)."""
+        decoder = self._decoders[spec.camera]
+        if spec.lease is not None:
+            decoder.session = new_session_id()
+            claimed = claim_session(
+                self._client,
+                self._keys,
+                spec.camera,
+                spec.lease,
+                decoder.session,
+                final=spec.file_job,
+            )
+            if not claimed:
+                decoder.lost = decoder.finished = True
+                return
         self._sessions[spec.camera] = self._sessions.get(spec.camera, 0) + 1  # each ends once
-        self._decoders[spec.camera].ended = False
+        decoder.ended = False
         self._processes.start(self._job(spec))
 
     def _received(self, message: Message) -> None:
@@ -311,6 +333,11 @@ class DecoderSupervisor(Part):
             else:
                 message = f"decoder for camera {camera!r} failed: {detail}"
                 self._ended_without_entry(decoder, message, time.monotonic())
+
+    def keep_end(self, camera: str, fields: dict[str, str | int]) -> None:
+        """An end entry written for one of this camera's sessions elsewhere (a decode worker
+        lost, ended by the one that took its camera), kept like its own until read."""
+        self._keep_end(camera, fields)
 
     def _keep_end(self, camera: str, fields: dict[str, str | int]) -> None:
         if fields.get("session"):  # an end without a session cannot be told from another
@@ -354,15 +381,19 @@ class DecoderSupervisor(Part):
             decoder.restart_at, decoder.started_at = None, now
             self._states.set(camera, "starting")
 
-    def _end_session(self, spec: DecoderSpec, message: str) -> dict[str, str | int] | None:
+    def _end_session(self, decoder: _Decoder, message: str) -> dict[str, str | int] | None:
         """The end entry of a session whose decoder died, written from its progress; under a
-        lease, only while the lease is still this worker's (else the worker that took the
-        camera over ends it), a file job then decoded."""
+        lease, only that session's, only while it is still in progress and the lease this
+        worker's (else the worker that took the camera over ended it), a file job then
+        decoded."""
+        spec = decoder.spec
         camera = spec.camera
         if spec.lease is None:
             end = dead_session_end(self._client, self._keys, camera, message)
             self._client.xadd(self._keys.frames(camera), end)
             return end
+        if decoder.lost or decoder.session is None:
+            return None
         ended = end_session_in_progress(
             self._client,
             self._keys,
@@ -370,7 +401,7 @@ class DecoderSupervisor(Part):
             spec.lease,
             message,
             final=spec.file_job,
-            if_none=True,
+            session=decoder.session,
         )
         return None if ended is None else ended.to_fields()
 
@@ -378,7 +409,7 @@ class DecoderSupervisor(Part):
         """Say so, write the session's end from its progress, and restart live cameras."""
         camera = decoder.spec.camera
         EventLog(self._client, self._keys).emit(camera, "crashed", message)
-        end = self._end_session(decoder.spec, message)
+        end = self._end_session(decoder, message)
         if end is not None:
             self._keep_end(camera, end)
         # a camera, or a clip looped like one, comes back; a finite file job does not (its

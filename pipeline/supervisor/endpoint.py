@@ -8,7 +8,7 @@ import logging
 import socket
 from collections.abc import Callable
 from contextlib import ExitStack
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline.config import Config
 from pipeline.supervisor.services import Services
@@ -54,10 +54,12 @@ def start_http(
     token: str | None,
     stack: ExitStack,
     snapshots: SnapshotStore | None = None,
+    decoders: Callable[[], dict[str, Any]] | None = None,
 ) -> str | None:
     """The endpoint on its own thread; returns its URL (None when there is no socket).
     ``cameras``: the camera changes the API may make; None: metrics and health only.
-    ``snapshots``: the store ``/api/events`` serves event snapshots from."""
+    ``snapshots``: the store ``/api/events`` serves event snapshots from; ``decoders``: a
+    decode worker's placement (``/api/decoders``)."""
     if sock is None:
         return None
     from pipeline.serve.events import EventLog
@@ -80,8 +82,10 @@ def start_http(
         label=label,
         token=token,
         events=events if cameras is not None else None,
+        decoders=decoders,
     )
     serves = "metrics and health" if cameras is None else "metrics, health, API and live view"
+    serves += ", /api/decoders" if decoders is not None else ""
     server = HttpServer(app, sock, serves)
     server.start()
     stack.callback(server.close)

@@ -45,6 +45,9 @@ class Services:
     registry: CollectorRegistry
     control: Control
     acks: FrameAcks
+    #: answers at once or fails (no riding out): for what must not hold up the supervisor's
+    #: tick, the probes and the scrapes
+    fail_fast: redis.Redis
 
     @property
     def states(self) -> CameraStates:
@@ -124,6 +127,7 @@ def open_services(
         registry=registry,
         control=control,
         acks=acks,
+        fail_fast=status_client,
     )
     for camera in config.cameras:
         services.show_camera(camera)

@@ -1,7 +1,8 @@
 """The fence of decoders sharded by lease, on a real redis-server: a decoder whose camera
 another worker took over writes nothing more, even when the lease is free again or back with
-its own worker; a decoder cut off while nobody took its camera writes on; a file's session that
-ends marks the file decoded; the roles' leases never mix."""
+its own worker, even if it never wrote before; a decoder cut off while nobody took its camera
+writes on; a session is claimed only where none is in progress, and ended once; a file's
+session that ends marks the file decoded, never claimed again; the roles' leases never mix."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from streams.fence import (
     DecodeLease,
     LeaseLost,
     SessionFence,
+    claim_session,
     end_session_in_progress,
     file_decoded,
 )
@@ -43,9 +45,15 @@ def keys(prefix) -> StreamKeys:
     return StreamKeys(prefix)
 
 
+def claimed(client, keys: StreamKeys, camera: str, lease: DecodeLease, session: str, final=False):
+    """A decoder's fence for ``session``, claimed under ``lease`` as the supervisor does."""
+    assert claim_session(client, keys, camera, lease, session, final=final)
+    return SessionFence(client, keys, camera, lease, final=final)
+
+
 def test_a_decoder_taken_over_writes_nothing_more_even_once_its_lease_is_back(redis_client, keys):
     redis_client.set(keys.decode_lease("cam"), "a")
-    old = SessionFence(redis_client, keys, "cam", A, final=False)
+    old = claimed(redis_client, keys, "cam", A, "s1")
     for seq in range(3):
         old.frame(redis_client, *frame("s1", seq), maxlen=None)
     # a is cut off past its TTL; b takes the camera and ends a's session from its progress
@@ -63,9 +71,28 @@ def test_a_decoder_taken_over_writes_nothing_more_even_once_its_lease_is_back(re
     assert entries(redis_client, keys, "cam") == [("frame", "s1")] * 3 + [("end", "s1")]
 
 
+def test_a_decoder_that_never_wrote_cannot_write_after_its_camera_went_on_without_it(
+    redis_client, keys
+):
+    """The session is claimed before its decoder starts: a decoder stalled before its first
+    write finds it ended, even once the file was decoded elsewhere and the lease let go."""
+    redis_client.set(keys.decode_lease("clip"), "a")
+    stalled = claimed(redis_client, keys, "clip", A, "s1", final=True)
+    redis_client.set(keys.decode_lease("clip"), "b")  # a cut off; b took the file over
+    ended = end_session_in_progress(redis_client, keys, "clip", B, "a was lost", final=True)
+    assert ended.frames == 0 and file_decoded(redis_client, keys, "clip")
+    assert not claim_session(redis_client, keys, "clip", B, "s2", final=True)  # decoded
+    redis_client.delete(keys.decode_lease("clip"))  # b let it go
+    with pytest.raises(LeaseLost):
+        stalled.frame(redis_client, *frame("s1", 0), maxlen=None)
+    with pytest.raises(LeaseLost):
+        stalled.progress(redis_client, frame("s1", 0)[1])
+    assert entries(redis_client, keys, "clip") == [("end", "s1")]
+
+
 def test_a_decoder_cut_off_while_nobody_took_its_camera_writes_on(redis_client, keys):
     redis_client.set(keys.decode_lease("cam"), "a", px=50)
-    fence = SessionFence(redis_client, keys, "cam", A, final=False)
+    fence = claimed(redis_client, keys, "cam", A, "s1")
     fence.frame(redis_client, *frame("s1", 0), maxlen=None)
     redis_client.delete(keys.decode_lease("cam"))  # its lease ran out; no worker took it
     fence.frame(redis_client, *frame("s1", 1), maxlen=None)
@@ -76,43 +103,42 @@ def test_a_decoder_cut_off_while_nobody_took_its_camera_writes_on(redis_client, 
     assert b.tick().gained == ()
 
 
-def test_a_new_session_starts_only_where_none_is_in_progress(redis_client, keys):
+def test_a_new_session_is_claimed_only_where_none_is_in_progress(redis_client, keys):
     redis_client.set(keys.decode_lease("cam"), "a")
-    SessionFence(redis_client, keys, "cam", A, final=False).frame(
-        redis_client, *frame("s1", 0), maxlen=None
-    )
-    # a second decoder of the same camera, by mistake, starts while s1 is in progress
-    with pytest.raises(LeaseLost):
-        SessionFence(redis_client, keys, "cam", A, final=False).frame(
-            redis_client, *frame("s2", 0), maxlen=None
-        )
+    first = claimed(redis_client, keys, "cam", A, "s1")
+    assert not claim_session(redis_client, keys, "cam", A, "s2", final=False)
+    assert not claim_session(redis_client, keys, "cam", B, "s2", final=False)  # a's lease
+    first.end(redis_client, EndOfStream("cam", 0, "stopped", session="s1"))
+    assert claim_session(redis_client, keys, "cam", A, "s2", final=False)
 
 
 def test_a_files_session_that_ends_marks_the_file_decoded(redis_client, keys):
     redis_client.set(keys.decode_lease("clip"), "a")
-    fence = SessionFence(redis_client, keys, "clip", A, final=True)
+    fence = claimed(redis_client, keys, "clip", A, "s1", final=True)
     fence.frame(redis_client, *frame("s1", 0), maxlen=None)
     assert not file_decoded(redis_client, keys, "clip")
     fence.end(redis_client, EndOfStream("clip", 1, "eof", session="s1"))
     assert file_decoded(redis_client, keys, "clip")
     assert session_progress(redis_client.hgetall(keys.progress("clip"))) is None
-    # a file whose decode worker was lost is decoded by nobody after it: its end says how far
-    redis_client.set(keys.decode_lease("clip2"), "a")
-    SessionFence(redis_client, keys, "clip2", A, final=True).frame(
-        redis_client, *frame("s2", 0), maxlen=None
-    )
-    redis_client.delete(keys.decode_lease("clip2"))
-    ended = end_session_in_progress(redis_client, keys, "clip2", B, "lost", final=True)
-    assert ended.frames == 1 and file_decoded(redis_client, keys, "clip2")
+    assert not claim_session(redis_client, keys, "clip", A, "s2", final=True)
 
 
-def test_a_session_is_not_ended_under_another_workers_lease(redis_client, keys):
+def test_a_session_is_ended_once_and_only_by_the_lease_holder(redis_client, keys):
     redis_client.set(keys.decode_lease("cam"), "a")
-    SessionFence(redis_client, keys, "cam", A, final=False).frame(
-        redis_client, *frame("s1", 0), maxlen=None
-    )
+    claimed(redis_client, keys, "cam", A, "s1").frame(redis_client, *frame("s1", 0), maxlen=None)
     assert end_session_in_progress(redis_client, keys, "cam", B, "b is late", final=False) is None
     assert session_progress(redis_client.hgetall(keys.progress("cam")))[0] == "s1"
+    # b takes over: s1 ended, s2 runs; a's supervisor, finding its s1 decoder dead, ends
+    # nothing more (s1 has its end; s2 is not its to end)
+    redis_client.set(keys.decode_lease("cam"), "b")
+    assert end_session_in_progress(redis_client, keys, "cam", B, "a lost", final=False)
+    claimed(redis_client, keys, "cam", B, "s2")
+    redis_client.delete(keys.decode_lease("cam"))
+    mine = end_session_in_progress(
+        redis_client, keys, "cam", A, "a's decoder died", final=False, session="s1"
+    )
+    assert mine is None
+    assert [kind for kind, _ in entries(redis_client, keys, "cam")] == ["frame", "end"]
 
 
 def test_decode_and_detector_leases_are_apart(redis_client, keys):
@@ -147,6 +173,7 @@ def test_a_take_over_between_the_look_and_the_write_stops_the_write(redis_url, k
     other = redis.Redis.from_url(redis_url)  # another connection: WATCH sees its write
     try:
         client.set(keys.decode_lease("cam"), "a")
+        assert claim_session(client, keys, "cam", A, "s1", final=False)
         fence = TakenOverWhileLooking(
             client, keys, "cam", A, final=False, redis_client=other, keys=keys
         )

@@ -129,7 +129,7 @@ def test_a_decode_worker_on_a_shared_redis_checks_its_registry_and_lease_command
 ):
     rules = [f"~{prefix}:*", *DAEMON_RULES]
     rules += REGISTRY_RULES if granted != "daemon" else []
-    rules += DETECT_RULES.split() if granted == "documented" else []
+    rules += DECODE_RULES.split() if granted == "documented" else []
     user, password = acl_user(*rules)
     config = one_camera_config(tmp_path, assets, as_user(redis_url, user, password), prefix=prefix)
     proc = framebatch("decode", str(config), "--http", "off", timeout=120)
@@ -195,6 +195,8 @@ DAEMON_RULES = (
 DETECT_RULES = (
     "+evalsha +script|load +eval +zadd +zrange +zremrangebyscore +zrem +zscore +get +set +pexpire"
 )
+#: what a decode worker's fence adds to the leases' rules (a frame's WATCH/MULTI)
+DECODE_RULES = DETECT_RULES + " +watch"
 #: what the camera registry adds on a shared Redis (run, decode, detect)
 REGISTRY_RULES = (
     "+evalsha +script|load +eval +get +hget +hmget +hdel +incr +sadd +srem +sismember +smismember"

@@ -8,9 +8,11 @@ frame of every session is detected or dropped with a cause, none twice after de-
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
+import urllib.request
 
 import pytest
 import redis
@@ -24,6 +26,7 @@ from streams.messages import DetectionMessage
 from tests.conftest import MODEL, SAMPLE_CLIPS
 from tests.integration.runner import (
     even_pair,
+    free_port,
     start_daemon,
     stop_daemon,
     wait_for,
@@ -193,3 +196,81 @@ def test_a_file_job_is_decoded_once_even_when_its_decode_worker_is_lost(assets, 
             if report.camera not in lost:
                 assert report.detected == 60, report.line()
         assert all(client.get(keys.decoded(c)) for c in CAMERAS)
+
+
+def test_decode_workers_take_cameras_up_to_their_capacity_and_report_what_fits_nowhere(
+    assets, tmp_path
+):
+    keys = StreamKeys(PREFIX)
+    looping = {"url": str(CLIP), "loop": True, "realtime": True, "fps": 5}
+    with EmbeddedRedis() as server, redis.Redis.from_url(server.url) as client:
+        config = write_config(
+            tmp_path / "capacity.yaml",
+            model=MODEL,
+            # a main stream that costs two of the sub-streams' decoding, and two sub-streams
+            cameras=[
+                {"id": "main", "decode_weight": 2, **looping},
+                {"id": "sub1", **looping},
+                {"id": "sub2", **looping},
+            ],
+            redis_url=server.url,
+            prefix=PREFIX,
+            redis={"url": server.url, "prefix": PREFIX, "lease_ttl_s": LEASE_TTL_S},
+            decoding={"worker_capacity": 2},
+        )
+        ports = {worker: free_port() for worker in DECODERS}
+        processes = {}
+
+        def decoder(worker: str):
+            args = ("--http", f"127.0.0.1:{ports[worker]}", "--worker-id", worker)
+            return start_daemon(config, *args, command="decode")
+
+        def placement(worker: str) -> dict:
+            url = f"http://127.0.0.1:{ports[worker]}/api/decoders"
+            with urllib.request.urlopen(url, timeout=5) as reply:
+                return json.loads(reply.read())
+
+        def owners() -> dict[str, str]:
+            names = ["main", "sub1", "sub2"]
+            return {c: (client.get(keys.decode_lease(c)) or b"").decode() for c in names}
+
+        first, second = DECODERS
+        try:
+            processes[first] = decoder(first)
+            # alone, the first has room for the main stream only: the sub-streams fit nowhere
+            wait_for(lambda: owners() == {"main": first, "sub1": "", "sub2": ""}, 60, "main")
+            status = wait_for(
+                lambda: (s := _quietly(placement, first)) and s["unplaced"] and s, 30, "a plan"
+            )
+            assert status["unplaced"] == ["sub1", "sub2"] and status["decoding"] == ["main"]
+            assert status["workers"][first] == {"capacity": 2.0, "load": 2.0}
+            metrics = _get(f"http://127.0.0.1:{ports[first]}/metrics")
+            assert "framebatch_decode_unplaced_cameras 2.0" in metrics
+            # a second worker with room for two: every camera placed, spread by weight
+            processes[second] = decoder(second)
+            wait_for(
+                lambda: "" != (o := owners())["sub1"] == o["sub2"] != o["main"] != "",
+                60,
+                "every camera placed: the main stream on one worker, the sub-streams on the other",
+            )
+            wait_for(lambda: placement(first)["unplaced"] == [], 10, "nothing unplaced")
+            for process in processes.values():
+                code, _out, err = stop_daemon(process)
+                assert code == 0, err[-3000:]
+        finally:
+            for process in processes.values():
+                if process.poll() is None:
+                    stop_daemon(process)
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        return reply.read().decode()
+
+
+def _quietly(call, *args):
+    """``call(*args)``, or None while the endpoint is not up yet."""
+    try:
+        return call(*args)
+    except OSError:
+        return None

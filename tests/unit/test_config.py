@@ -288,8 +288,8 @@ INVALID = [
     (
         camera(url="rtsp://c/s", colour="red"),
         "cameras[0]: unknown key 'colour' (expected one of: id, url, realtime, as_live, loop, fps, "
-        "max_backlog, vid_stride, max_fps, decode_frames, priority, max_wait_frames, max_wait_ms, "
-        "max_frame_age_ms, keep_latest, analytics)",
+        "max_backlog, vid_stride, max_fps, decode_frames, priority, decode_weight, "
+        "max_wait_frames, max_wait_ms, max_frame_age_ms, keep_latest, analytics)",
     ),
     # missing / empty / wrong shape
     (without(MINIMAL, "model"), "model: required"),

@@ -6,6 +6,7 @@ process: fastapi-offline ships Swagger UI and ReDoc, so the pages work without t
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -20,6 +21,7 @@ from pipeline.serve.http.handles import CameraOps, PipelineHandles
 from pipeline.serve.http.limits import MAX_BODY_BYTES, BodyLimit
 from pipeline.serve.http.routes import analytics as analytics_routes
 from pipeline.serve.http.routes import cameras as camera_routes
+from pipeline.serve.http.routes import decoders as decoder_routes
 from pipeline.serve.http.routes import events as event_routes
 from pipeline.serve.http.routes import health, metrics, view
 from pipeline.serve.http.security import access_for
@@ -38,11 +40,13 @@ def build_app(
     label: Callable[[int], str] = str,
     token: str | None = None,
     events: EventLog | None = None,
+    decoders: Callable[[], dict[str, Any]] | None = None,
 ) -> FastAPI:
     """The endpoint over a running pipeline's objects; with ``token``, the API and the view
     need it as a bearer token, without one they take only loopback ``Host`` headers.
     ``cameras`` None: metrics and health only (``framebatch decode``: no detections to show,
-    no camera API).  ``events``: the analytics events and snapshots ``/api/events`` serves."""
+    no camera API).  ``events``: the analytics events and snapshots ``/api/events`` serves.
+    ``decoders``: a decode worker's placement, which ``/api/decoders`` serves."""
     app = FastAPIOffline(  # /docs and /redoc with their scripts served here, not from a CDN
         title="framebatch",
         summary="Metrics, health, cameras and live view of a running framebatch pipeline",
@@ -51,6 +55,8 @@ def build_app(
     )
     app.include_router(metrics.router(registry))
     app.include_router(health.router(control))
+    if decoders is not None:
+        app.include_router(decoder_routes.router(decoders, access_for(token)))
     if cameras is not None:
         pipeline = PipelineHandles(
             control=control,
