@@ -31,6 +31,10 @@ class CameraAudit:
     lost_in_decoding: int = 0  # frames that never got a seq (ledger drops with first_seq -1)
     unaccounted: list[str] = field(default_factory=list)  # frame ids with neither
     detected_and_dropped: int = 0  # detections of frames a ledger also drops (not previous_run)
+    #: detections of frames past their session's end count: written after the session was
+    #: ended elsewhere (a decoder that was not fenced out); not in ``ok``, since a decoder
+    #: SIGKILLed between its frame and its progress (unfenced: ``framebatch run``) makes one
+    after_end: int = 0
 
     @property
     def ok(self) -> bool:
@@ -42,7 +46,7 @@ class CameraAudit:
             f"camera {self.camera}: {self.sessions} sessions, {self.frames} frames = "
             f"{self.detected} detected + dropped ({dropped}); {len(self.unaccounted)} "
             f"unaccounted; {self.duplicates} duplicate detections; lost in decoding "
-            f"{self.lost_in_decoding}"
+            f"{self.lost_in_decoding}; {self.after_end} after their session's end"
         )
 
 
@@ -86,6 +90,12 @@ def audit_entries(
         else:
             for seq in entry.seqs:
                 dropped[entry.session].setdefault(seq, entry.cause)
+    report.after_end = sum(
+        seq >= ends[session]
+        for session, seqs in detected.items()
+        if session in ends
+        for seq in seqs
+    )
     for session in sorted(set(detected) | set(dropped) | set(ends)):
         seen = detected[session] | set(dropped[session])
         frames = max(ends.get(session, -1), max(seen, default=-1) + 1)

@@ -6,12 +6,17 @@ fenced by its lease (``streams.fence``).  At each tick of the supervisor:
 * the registry is followed (:mod:`pipeline.fleet.registry`): a camera added is competed for, a
   changed one starts with its new entry at its next session, one being removed is stopped by
   whoever decodes it, who then says its decoder stopped;
-* every lease tick (a third of the TTL): a camera this worker now holds and does not decode yet
-  first has the session of a decoder that died or was cut off ended, from its progress (the
-  frames it put in Redis are then processed and counted, nothing invented), then a decoder of
-  its own starts, a new session; a camera another worker took is abandoned (its decoder here is
-  fenced out already); a camera another worker now wins (it joined) is handed over: the
-  decoder here stops cleanly, writes its end, and only then is the lease let go;
+* every lease tick (a third of the TTL), the leases are renewed and taken by the plan: each
+  camera's owner is the live worker rendezvous hashing ranks highest among those with room
+  for its weight (``pipeline.leases.placement``; what fits nowhere is reported unplaced);
+* then, from the leases' state (not from what the tick reported, which an outage can cut
+  short): a camera this worker holds and does not decode yet first has the session of a
+  decoder that died or was cut off ended, from its progress (the frames it put in Redis are
+  then processed and counted, nothing invented), then a decoder of its own starts with a new
+  session claimed under the lease (``streams.fence``); a camera decoded here that another
+  worker holds now is abandoned (its decoder is fenced out already); a camera another worker
+  now wins (it joined) is handed over: the decoder here stops cleanly, writes its end, and only
+  then is the lease let go;
 * a file camera is a job, done once: never handed over halfway, never started again once a
   session of it ended (``StreamKeys.decoded``), whatever ended it.
 
@@ -21,6 +26,7 @@ A worker ends once every registered camera is a file job that is done (by any wo
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -113,7 +119,7 @@ class ShardedDecoders(Part):
         *,
         lease: DecodeLease,
         capacity: float | None,
-        stop,
+        stop: threading.Event,
     ) -> ShardedDecoders:
         """Once no running decode worker has this one's id (a restarted pod waits out its old
         heartbeat)."""
@@ -168,9 +174,6 @@ class ShardedDecoders(Part):
             self._client.hdel(self._keys.decode_capacity(), self._lease.worker)
         except OUTAGE_ERRORS as exc:
             log.warning("decode leases not let go (they run out in their TTL): %s", exc)
-
-    def held(self) -> set[str]:
-        return set(self._leases.held)
 
     def status(self) -> dict[str, Any]:
         """What ``/api/decoders`` answers (thread-safe: read from the last tick's plan)."""

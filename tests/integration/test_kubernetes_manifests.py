@@ -75,6 +75,13 @@ def test_the_secret_names_every_variable_the_config_needs(resources):
 def test_roles_sharded_decoders_and_detectors_that_each_take_a_gpu(resources):
     decoder = resources[("Deployment", "framebatch-decoder")]
     assert decoder["spec"]["replicas"] > 1  # decode workers share the cameras by lease
+    scaler = resources[("HorizontalPodAutoscaler", "framebatch-decoder")]["spec"]
+    assert scaler["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "framebatch-decoder",
+    }
+    assert scaler["metrics"][0]["resource"]["name"] == "cpu"
     for role, command in (("decoder", "decode"), ("detector", "detect")):
         pod = container(resources, f"framebatch-{role}")
         args = pod["args"]  # each pod's worker id is its name, unique among the workers

@@ -22,10 +22,12 @@ import pytest
 import redis
 
 from framebatch_tools.audit import audit
+from pipeline.leases.camera_leases import rendezvous_owner
+from streams.groups import all_read
 from streams.keys import StreamKeys
 from tests.conftest import MODEL
 from tests.integration.netns import Hosts, netns_available
-from tests.integration.runner import wait_for, write_config
+from tests.integration.runner import even_pair, wait_for, write_config
 from tests.integration.test_camera_leases import (
     CAMERAS,
     CLIP,
@@ -43,6 +45,11 @@ pytestmark = pytest.mark.integration
 
 PASSWORD = "netns-test-password"
 PREFIX = "hosts"
+#: two decode workers on hosts of their own, half the cameras each
+DECODE_WORKERS = even_pair(CAMERAS, "decode")
+DECODE_SHARES = {camera: rendezvous_owner(camera, DECODE_WORKERS) for camera in CAMERAS}
+#: looped clips paced at 5 frames/s stand for live cameras (handed over, reopened elsewhere)
+LIVE = {"url": str(CLIP), "loop": True, "realtime": True, "fps": 5}
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +57,7 @@ def hosts():
     available, why = netns_available()
     if not available:
         pytest.skip(why)
-    with Hosts(["redis", "decoders", *WORKERS]) as built:
+    with Hosts(["redis", "decoders", *WORKERS, *DECODE_WORKERS]) as built:
         yield built
 
 
@@ -77,9 +84,9 @@ def stop(process: subprocess.Popen[str] | None) -> tuple[int | None, str]:
 
 
 @contextmanager
-def deployment(hosts: Hosts, tmp_path: Path) -> Iterator[Deployment]:
+def deployment(hosts: Hosts, tmp_path: Path, live: bool = False) -> Iterator[Deployment]:
     """Redis on its host, a detector worker on each worker host sharing the cameras (the
-    decoders are the test's to start)."""
+    decoders are the test's to start); the cameras are file jobs, or ``live``."""
     socket_path = tmp_path / "redis.sock"
     server = subprocess.Popen(
         hosts.command(
@@ -101,7 +108,12 @@ def deployment(hosts: Hosts, tmp_path: Path) -> Iterator[Deployment]:
         config = write_config(
             tmp_path / "hosts.yaml",
             model=MODEL,
-            cameras=[{"id": camera, "url": str(CLIP), "realtime": False} for camera in CAMERAS],
+            cameras=[
+                {"id": camera, **LIVE}
+                if live
+                else {"id": camera, "url": str(CLIP), "realtime": False}
+                for camera in CAMERAS
+            ],
             redis_url=url,
             redis={"url": url, "prefix": PREFIX, "lease_ttl_s": LEASE_TTL_S, "frames_maxlen": 4},
             transport={"kind": "raw"},  # other hosts: no shared memory between them
@@ -192,3 +204,70 @@ def stop_when_done(process: subprocess.Popen[str] | None, timeout_s: float) -> t
         _out, err = process.communicate()
         return -1, f"still running after {timeout_s:.0f} s\n{err}"
     return process.returncode, err
+
+
+def decode_owners(client: redis.Redis, keys: StreamKeys) -> dict[str, str]:
+    return {c: (client.get(keys.decode_lease(c)) or b"").decode() for c in CAMERAS}
+
+
+def test_a_decode_host_cut_off_for_5_s_is_fenced_out_and_takes_its_share_back(
+    assets, hosts, tmp_path
+):
+    """Two decode workers on hosts of their own.  Past its TTL the cut-off one's cameras reopen
+    on the other, which ends their sessions from the progress they kept; back, the cut-off one
+    writes nothing more for those sessions (fenced), then gets its share handed back, a new
+    session each.  Every frame of every session is detected or dropped with a cause, and no
+    frame follows its session's end."""
+    with deployment(hosts, tmp_path, live=True) as run:
+        client, keys, processes = run.client, run.keys, run.processes
+        for worker in DECODE_WORKERS:
+            processes[worker] = start(
+                hosts, worker, "decode", str(run.config), "--http", "off", "--worker-id", worker
+            )
+        wait_for(lambda: decode_owners(client, keys) == DECODE_SHARES, 60, "decoders shared")
+        wait_for(
+            lambda: all(len(detections(client, keys, c)) >= 5 for c in CAMERAS),
+            60,
+            "every camera detected",
+        )
+        cut, other = DECODE_WORKERS
+        theirs = sorted(c for c, w in DECODE_SHARES.items() if w == cut)
+        hosts.link(cut, up=False)
+        cut_at = time.monotonic()
+        wait_for(
+            lambda: all(decode_owners(client, keys)[c] == other for c in theirs),
+            LEASE_TTL_S + 10,
+            "the cut decode worker's cameras reopened on the other",
+            poll_s=0.05,
+        )
+        reopened_after = time.monotonic() - cut_at
+        time.sleep(max(0.0, 5.0 - reopened_after))
+        hosts.link(cut, up=True)
+        wait_for(lambda: decode_owners(client, keys) == DECODE_SHARES, 60, "its share back")
+        sessions = {c: {m.session for m in detections(client, keys, c)} for c in theirs}
+        wait_for(
+            lambda: all(
+                {m.session for m in detections(client, keys, c)} - sessions[c] for c in theirs
+            ),
+            60,
+            "a new session of each camera handed back",
+        )
+        for worker in DECODE_WORKERS:
+            code, err = stop(processes[worker])
+            assert code == 0, err
+        wait_for(
+            lambda: all(all_read(client, keys.frames(c)) for c in CAMERAS), 60, "all read", 0.2
+        )
+        for worker in WORKERS:
+            code, err = stop(processes[worker])
+            assert code == 0, err
+        assert reopened_after <= LEASE_TTL_S + 2.0, reopened_after
+        for report in audit(client, keys, CAMERAS):
+            assert report.ok and report.after_end == 0, report.line()
+            if report.camera in theirs:  # the cut one's, the other's, the cut one's again
+                assert report.sessions >= 3, report.line()
+        events = [f for _id, f in client.xrange(keys.events())]
+        crashed = {f[b"camera"].decode() for f in events if f[b"event"] == b"crashed"}
+        assert crashed == set(theirs)  # ended by the other from their progress
+        fenced = {f[b"camera"].decode() for f in events if f[b"event"] == b"lease_lost"}
+        assert fenced == set(theirs)  # back, the cut one's decoders stopped, writing nothing

@@ -55,6 +55,39 @@ def sessions_detected(client: redis.Redis, keys: StreamKeys, camera: str) -> set
     }
 
 
+def stop_in_order(client: redis.Redis, keys: StreamKeys, processes: dict, decoders: list) -> None:
+    """The decode workers stopped (each writes its sessions' ends), then the detector worker
+    once it read every stream to its end: each exits 0."""
+    for worker in decoders:
+        code, _out, err = stop_daemon(processes[worker])
+        assert code == 0, err[-3000:]
+    code, err = stop_when_read(client, keys, processes["detect"])
+    assert code == 0, err[-3000:]
+
+
+def stop_the_rest(processes: dict) -> None:
+    for process in processes.values():
+        if process.poll() is None:
+            stop_daemon(process)
+
+
+def live_config(path, url: str):
+    """The four cameras as looped clips paced at 5 frames/s, standing for live cameras (they
+    restart, shed, are handed over); 20 frames/s in all, within what the model keeps up with
+    here."""
+    return write_config(
+        path,
+        model=MODEL,
+        cameras=[
+            {"id": c, "url": str(CLIP), "loop": True, "realtime": True, "fps": 5} for c in CAMERAS
+        ],
+        redis_url=url,
+        prefix=PREFIX,
+        redis={"url": url, "prefix": PREFIX, "lease_ttl_s": LEASE_TTL_S},
+        max_batch_size=4,
+    )
+
+
 def stop_when_read(client: redis.Redis, keys: StreamKeys, detect) -> tuple[int, str]:
     """Once every frames stream is read to its end, the detector worker stopped: its exit code
     and its log."""
@@ -78,20 +111,7 @@ def start_decoder(config, worker: str):
 def test_decode_workers_share_the_cameras_and_a_lost_ones_reopen_elsewhere(assets, tmp_path):
     keys = StreamKeys(PREFIX)
     with EmbeddedRedis() as server, redis.Redis.from_url(server.url) as client:
-        config = write_config(
-            tmp_path / "sharded.yaml",
-            model=MODEL,
-            # looped clips paced at 5 frames/s stand for live cameras (they restart, shed, are
-            # handed over); 20 frames/s in all, within what the model keeps up with here
-            cameras=[
-                {"id": c, "url": str(CLIP), "loop": True, "realtime": True, "fps": 5}
-                for c in CAMERAS
-            ],
-            redis_url=server.url,
-            prefix=PREFIX,
-            redis={"url": server.url, "prefix": PREFIX, "lease_ttl_s": LEASE_TTL_S},
-            max_batch_size=4,
-        )
+        config = live_config(tmp_path / "sharded.yaml", server.url)
         first, second = DECODERS
         processes = {"detect": start_daemon(config, "--http", "off", command="detect")}
         try:
@@ -129,15 +149,10 @@ def test_decode_workers_share_the_cameras_and_a_lost_ones_reopen_elsewhere(asset
                 60,
                 "a new session of each lost camera detected",
             )
-            code, _out, err = stop_daemon(processes[second])
-            assert code == 0, err[-3000:]
             # every session ended (the killed ones from their progress): read to the end
-            code, err = stop_when_read(client, keys, processes["detect"])
-            assert code == 0, err[-3000:]
+            stop_in_order(client, keys, processes, [second])
         finally:
-            for process in processes.values():
-                if process.poll() is None:
-                    stop_daemon(process)
+            stop_the_rest(processes)
         assert reopened_after <= LEASE_TTL_S + 2.0, reopened_after
         for report in audit(client, keys, CAMERAS):
             assert report.ok, report.line()
@@ -149,6 +164,52 @@ def test_decode_workers_share_the_cameras_and_a_lost_ones_reopen_elsewhere(asset
         ]
         assert {f[b"camera"].decode() for f in crashed} == set(lost)  # ended by the other
         assert not client.zrange(keys.decode_workers(), 0, -1)  # the one stopped left
+
+
+def test_a_decode_worker_paused_past_its_lease_writes_nothing_after_its_sessions_ended(
+    assets, tmp_path
+):
+    """A decode worker frozen (SIGSTOP, with its decode processes: a VM paused, a stalled host)
+    past its lease: its cameras reopen on the other worker, which ends their sessions from their
+    progress.  Thawed, its decoders resume mid-frame, before their supervisor's tick can tell
+    them anything: the fence refuses what they write, and they stop (``lease_lost``).  No frame
+    follows its session's end; every frame is detected or dropped with a cause."""
+    keys = StreamKeys(PREFIX)
+    with EmbeddedRedis() as server, redis.Redis.from_url(server.url) as client:
+        config = live_config(tmp_path / "paused.yaml", server.url)
+        processes = {"detect": start_daemon(config, "--http", "off", command="detect")}
+        try:
+            for worker in DECODERS:
+                processes[worker] = start_decoder(config, worker)
+            wait_for(lambda: decode_owners(client, keys) == SHARES, 60, "the cameras shared")
+            wait_for(
+                lambda: all(sessions_detected(client, keys, c) for c in CAMERAS), 120, "detected"
+            )
+            paused, other = DECODERS
+            theirs = sorted(c for c, w in SHARES.items() if w == paused)
+            os.killpg(processes[paused].pid, signal.SIGSTOP)
+            try:
+                wait_for(
+                    lambda: all(decode_owners(client, keys)[c] == other for c in theirs),
+                    LEASE_TTL_S + 10,
+                    "the paused worker's cameras reopened",
+                )
+                wait_for(
+                    lambda: all(len(sessions_detected(client, keys, c)) >= 2 for c in theirs),
+                    60,
+                    "a new session of each",
+                )
+            finally:
+                os.killpg(processes[paused].pid, signal.SIGCONT)
+            wait_for(lambda: decode_owners(client, keys) == SHARES, 60, "its share back")
+            stop_in_order(client, keys, processes, list(DECODERS))
+        finally:
+            stop_the_rest(processes)
+        for report in audit(client, keys, CAMERAS):
+            assert report.ok and report.after_end == 0, report.line()
+        events = [f for _id, f in client.xrange(keys.events())]
+        fenced = {f[b"camera"].decode() for f in events if f[b"event"] == b"lease_lost"}
+        assert fenced == set(theirs)
 
 
 def test_a_file_job_is_decoded_once_even_when_its_decode_worker_is_lost(assets, tmp_path):
