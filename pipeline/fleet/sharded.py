@@ -100,8 +100,8 @@ class ShardedDecoders(Part):
             owner_of=self._plan,
         )
         self._capacity = capacity
-        self.placement = Placement({}, (), {})  # as planned at the last lease tick
-        self._capacities: dict[str, float | None] = {}
+        # the plan of the last lease tick, and the capacities it was made with
+        self._planned: tuple[Placement, dict[str, float | None]] = (Placement({}, (), {}), {})
         self._clock = clock
         self._next_tick = 0.0
         self._cameras: dict[str, CameraConfig] = {}
@@ -177,7 +177,7 @@ class ShardedDecoders(Part):
 
     def status(self) -> dict[str, Any]:
         """What ``/api/decoders`` answers (thread-safe: read from the last tick's plan)."""
-        placement, capacities = self.placement, self._capacities
+        placement, capacities = self._planned
         return {
             "worker": self._lease.worker,
             "workers": {
@@ -220,12 +220,13 @@ class ShardedDecoders(Part):
         their capacities; what no worker has room for is said once, and counted."""
         raw = self._client.hgetall(self._keys.decode_capacity())
         known = {_text(w): _text(c) for w, c in raw.items()}
-        capacities = {w: (float(known[w]) if known.get(w) else None) for w in workers}
+        capacities = {w: _capacity(known.get(w, "")) for w in workers}
         weights = {
             c: self._cameras[c].decode_weight for c in self._leases.cameras if c in self._cameras
         }
         placement = place(weights, capacities)
-        for camera in sorted(set(placement.unplaced) - set(self.placement.unplaced)):
+        before = self._planned[0]
+        for camera in sorted(set(placement.unplaced) - set(before.unplaced)):
             log.warning(
                 "camera %s: no decode worker has room for it (weight %g; capacities %s): not "
                 "decoded until one has",
@@ -235,10 +236,10 @@ class ShardedDecoders(Part):
                     f"{w} {c if c is not None else 'unlimited'}" for w, c in capacities.items()
                 ),
             )
-        for camera in sorted(set(self.placement.unplaced) - set(placement.unplaced)):
+        for camera in sorted(set(before.unplaced) - set(placement.unplaced)):
             if camera in placement.owners:
                 log.info("camera %s: placed on decode worker %s", camera, placement.owner(camera))
-        self.placement, self._capacities = placement, capacities
+        self._planned = placement, capacities  # one attribute: status() reads it whole
         return placement.owner
 
     def _lease_tick(self) -> None:
@@ -333,6 +334,15 @@ class ShardedDecoders(Part):
     def _is_file(self, camera: str) -> bool:
         config = self._cameras.get(camera)
         return config is not None and not (config.is_live or config.loop)
+
+
+def _capacity(text: str) -> float | None:
+    """A worker's registered capacity (empty: none; anything unreadable, from another
+    version: taken as none, so its cameras are not left unplaced)."""
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None
 
 
 def _text(value: bytes | str) -> str:

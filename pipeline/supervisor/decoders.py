@@ -408,6 +408,9 @@ class DecoderSupervisor(Part):
     def _ended_without_entry(self, decoder: _Decoder, message: str, now: float) -> None:
         """Say so, write the session's end from its progress, and restart live cameras."""
         camera = decoder.spec.camera
+        if decoder.lost:  # abandoned, then killed: its session is the new holder's to end
+            decoder.finished = True
+            return
         EventLog(self._client, self._keys).emit(camera, "crashed", message)
         end = self._end_session(decoder, message)
         if end is not None:

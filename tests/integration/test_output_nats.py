@@ -107,9 +107,11 @@ def test_jetstream_stores_every_event_once_even_when_a_batch_comes_again(
     for camera in ("door", "yard"):  # each camera's in its order (cameras interleave)
         camera_ids = [i for i in stored_ids if f"-{camera}:" in i]
         assert camera_ids == [e.id for e in written if e.camera == camera]
-    subject, msg_id, payload = stored[-1]
-    assert subject == f"{prefix}.events.yard.zone_enter"
-    assert f'"id":"{msg_id}"' in payload.decode()
+    by_id = {e.id: e for e in written}
+    for subject, msg_id, payload in stored:  # each on its camera's and kind's subject
+        event = by_id[msg_id]
+        assert subject == f"{prefix}.events.{event.camera}.{event.kind}"
+        assert f'"id":"{msg_id}"' in payload.decode()
     stats = relay.stats()["nats"]
     assert (dict(stats.dropped), stats.failing, stats.backlog) == ({}, False, 0)
 
