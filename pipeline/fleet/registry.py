@@ -270,6 +270,9 @@ class RegistryFollower:
         self._applied: dict[str, int] = dict(applied or {})
         self._counter = -1  # unknown: the first look reads the versions
         self._settled = False
+        #: reported being removed: a removal ends only in a retirement, so one of these found
+        #: registered again was retired and added back between two looks
+        self._removing: set[str] = set()
 
     def changes(self) -> RegistryChanges:
         if self._settled and self._registry.version() == self._counter:
@@ -278,12 +281,17 @@ class RegistryFollower:
         stale = [c for c, v in versions.items() if self._applied.get(c) != v]
         entries = self._registry.entries(stale)
         ours = [entries[c] for c in stale if c in entries]
+        # retired and added back unseen: retired now (forgotten), added at the next look
+        back = {e.config.id for e in ours if not e.removing and e.config.id in self._removing}
+        current = [e for e in ours if not e.removing and e.config.id not in back]
         found = RegistryChanges(
-            added=tuple(e for e in ours if not e.removing and e.config.id not in self._applied),
-            changed=tuple(e for e in ours if not e.removing and e.config.id in self._applied),
+            added=tuple(e for e in current if e.config.id not in self._applied),
+            changed=tuple(e for e in current if e.config.id in self._applied),
             removing=tuple(e for e in ours if e.removing),
-            retired=tuple(sorted(c for c in self._applied if c not in versions)),
+            retired=tuple(sorted({c for c in self._applied if c not in versions} | back)),
         )
+        self._removing |= {e.config.id for e in found.removing}
+        self._removing -= set(found.retired)
         self._counter = counter
         self._settled = not found
         return found

@@ -150,6 +150,28 @@ def test_a_follower_sees_every_change_and_again_what_it_did_not_apply(registry):
     assert not follower.changes()
 
 
+def test_a_camera_retired_and_added_back_between_two_looks_is_retired_then_added(registry):
+    """A removal ends only in a retirement: a follower that saw "a" being removed and next
+    finds it registered again must drop what it ran (its decoder stopped for good) before it
+    runs the new entry, or it would keep "a" as being removed for ever."""
+    registry.seed([camera("a")])
+    follower = RegistryFollower(registry)
+    follower.applied("a", follower.changes().added[0].version)
+    registry.remove("a")
+    removing = follower.changes().removing
+    assert [e.config.id for e in removing] == ["a"]
+    follower.applied("a", removing[0].version)
+    registry.retire("a")
+    registry.add(camera("a", max_fps=3.0))  # within one look
+    seen = follower.changes()
+    assert seen.retired == ("a",) and not seen.added and not seen.changed
+    follower.forgot("a")
+    back = follower.changes()
+    assert [(e.config.id, e.config.max_fps) for e in back.added] == [("a", 3.0)]
+    follower.applied("a", back.added[0].version)
+    assert not follower.changes()
+
+
 def test_an_entry_this_version_cannot_read_is_left_out_and_said(
     registry, redis_client, prefix, caplog
 ):
