@@ -42,6 +42,8 @@ def frame_letterbox(config: Config) -> Letterbox:
     (by default where the model takes any height and width) to each frame's minimum
     stride-aligned rectangle, as Ultralytics' ``predict(rect=True)`` does."""
     model = config.model
+    if model.rect is False:  # square: the model file is not needed (a decode-only host)
+        return Letterbox(model.imgsz, model.imgsz, rect=False, stride=YOLO_STRIDE)
     any_size = takes_any_size(model.path, model.backend)
     rect = any_size if model.rect is None else model.rect
     if rect and not any_size:

@@ -113,6 +113,11 @@ def test_rect_is_on_by_default_only_where_the_model_takes_any_size(assets, tmp_p
         ValueError, match="model.rect is true but yolov8n_fp32_dynbatch.onnx takes 640x640"
     ):
         frame_letterbox(config(MODEL, rect=True))
+    # square frames need nothing from the model file: a decode-only host may lack the model
+    placeholder = tmp_path / "elsewhere.onnx"
+    placeholder.write_bytes(b"not read")
+    square = frame_letterbox(config(placeholder, rect=False, imgsz=320))
+    assert not square.rect and (square.height, square.width) == (320, 320)
 
 
 def test_every_frame_equals_the_model_run_on_it_alone(replay, clips, detector):
