@@ -62,13 +62,16 @@ def pending_between(
     key: str,
     *,
     after: str | bytes,
-    before: str | bytes,
+    before: str | bytes | None,
     count: int = CLAIM_PAGE,
     group: str = FRAMES_GROUP,
 ) -> list[bytes]:
-    """Ids of the entries pending on any consumer strictly between two entry ids."""
+    """Ids of the entries pending on any consumer strictly between two entry ids
+    (``before=None``: every one after ``after``)."""
     low = b"(" + (after.encode() if isinstance(after, str) else after)
-    high = b"(" + (before.encode() if isinstance(before, str) else before)
+    high = (
+        b"+" if before is None else b"(" + (before.encode() if isinstance(before, str) else before)
+    )
     return [p["message_id"] for p in client.xpending_range(key, group, low, high, count)]
 
 

@@ -170,11 +170,13 @@ class Accounting:
 
     def would_gap(self, camera: str, session: str, next_seq: int) -> bool:
         """Whether a frame ``next_seq`` of ``session`` (or the session's end with that many
-        frames) would show frames missing before it."""
+        frames) would show frames missing before it: of its own session, or the end of the
+        session before it, not read yet."""
         with self._lock:
             state = self._state(camera)
             if session != state.session:
-                return next_seq > 0
+                earlier_open = bool(session and state.session) and not state.ended
+                return next_seq > 0 or earlier_open
             return next_seq > state.last_seq + 1
 
     def on_claimed(self, camera: str) -> None:

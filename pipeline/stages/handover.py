@@ -7,6 +7,12 @@ camera that moves between detector workers.
 * Before a gap in ``seq`` is counted as dropped, its frames may be pending on another worker
   instead (one cut off from Redis whose read was carried out after its lease ran out): they
   are claimed and received first, in stream order, so the gap is only what is really missing.
+* A stream's last entries have no gap after them to reveal them: a reply set aside (read
+  after the leases may have run out) or a read delivered after the camera's next worker had
+  claimed what was pending leaves them pending on a consumer that will not finish them.  So a
+  camera quiet for a while, its end not read, is looked at: entries after the newest one
+  received that are pending anywhere are claimed and received (a decoder's end entry, most
+  often, which nothing follows).
 * Each camera's position (session, last seq, stream id) is kept in Redis with its ledger
   entries, so the next worker to read it follows on without a gap or a repeat.
 
@@ -16,7 +22,8 @@ A worker without leases (``framebatch run``) reads with :data:`NO_HANDOVER`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from pipeline.stages.context import WorkerContext
@@ -26,6 +33,12 @@ from streams.messages import CameraPosition, LedgerEntry, message_kind
 log = logging.getLogger(__name__)
 
 STRAY_PAGE = 1000  # frames of one gap looked for on other workers at most
+#: a camera read nothing for this long (and not ended) has its stream's tail looked at; the
+#: wait doubles while it stays quiet, up to the longest (a camera whose decoder is down costs
+#: one XPENDING a minute)
+QUIET_TAIL_S = 2.0
+QUIET_TAIL_LONGEST_S = 60.0
+QUIET_SWEEP_S = 0.5  # how often the streams are gone over for quiet ones
 
 Entry = tuple[bytes, dict[bytes, bytes]]
 
@@ -54,6 +67,11 @@ class NoHandover:
     def seen(self, key: str, entry_id: bytes) -> None:
         pass
 
+    def quiet_tails(
+        self, read_ids: Mapping[str, str], camera_of: Mapping[str, str]
+    ) -> list[tuple[str, list[Entry]]]:
+        return []
+
     def claimed(self, key: str, entry_id: bytes) -> bool:
         return False
 
@@ -70,10 +88,21 @@ NO_HANDOVER = NoHandover()
 class CameraHandover(NoHandover):
     """Owned by one reader thread."""
 
-    def __init__(self, context: WorkerContext, *, may_read: Callable[[], bool]):
+    def __init__(
+        self,
+        context: WorkerContext,
+        *,
+        may_read: Callable[[], bool],
+        clock: Callable[[], float] = time.monotonic,
+    ):
         """``may_read``: false once the worker's leases may have run out (its reads wait)."""
         self._context = context
         self._may_read = may_read
+        self._clock = clock
+        # per stream: when its tail is looked at next, and the wait after that
+        self._tail_at: dict[str, float] = {}
+        self._tail_wait: dict[str, float] = {}
+        self._next_sweep = 0.0
         # adopted cameras: frames up to here were received by their previous worker
         self._claimed_through: dict[str, CameraPosition] = {}
         self._last_entry: dict[str, str] = {}  # per stream: the newest entry received
@@ -86,6 +115,7 @@ class CameraHandover(NoHandover):
 
     def release(self, key: str) -> None:
         self._claimed_through.pop(key, None)
+        self._tail_at.pop(key, None)
 
     def history_read(self, key: str) -> None:
         """This reader's own pending entries of ``key`` are all read again."""
@@ -98,6 +128,41 @@ class CameraHandover(NoHandover):
 
     def seen(self, key: str, entry_id: bytes) -> None:
         self._last_entry[key] = entry_id.decode()
+        self._tail_at[key] = self._clock() + QUIET_TAIL_S
+        self._tail_wait[key] = QUIET_TAIL_S
+
+    def quiet_tails(
+        self, read_ids: Mapping[str, str], camera_of: Mapping[str, str]
+    ) -> list[tuple[str, list[Entry]]]:
+        """For each stream read (key: the id it is read from) quiet past its time, its camera's
+        end not read: the entries after the newest one received pending on any consumer,
+        claimed, in stream order.  Streams whose own pending history is still being read are
+        left to that read, which returns them."""
+        now, context, found = self._clock(), self._context, []
+        if now < self._next_sweep:
+            return found
+        self._next_sweep = now + QUIET_SWEEP_S
+        for key, read_id in read_ids.items():
+            camera = camera_of[key]
+            at = self._tail_at.setdefault(key, now + QUIET_TAIL_S)
+            if read_id != ">" or now < at or context.accounting.ended([camera]):
+                continue
+            wait = self._tail_wait.get(key, QUIET_TAIL_S)
+            self._tail_at[key] = now + wait
+            self._tail_wait[key] = min(2 * wait, QUIET_TAIL_LONGEST_S)
+            # never behind what is received or claimed here: those are this reader's already
+            after = self.position(camera).entry_id
+            ids = pending_between(context.redis, key, after=after, before=None, count=STRAY_PAGE)
+            if not ids:
+                continue
+            entries = [(i, f) for i, f in claim(context.redis, key, context.consumer, ids) if f]
+            log.warning(
+                "camera %s: %d entries left pending after its last read were claimed",
+                camera,
+                len(entries),
+            )
+            found.append((key, entries))
+        return found
 
     def lost(self, key: str, camera: str, entry_id: bytes, fields: dict) -> LedgerEntry | None:
         """A frame the previous worker had received, claimed, then trimmed from the stream (an
@@ -109,8 +174,9 @@ class CameraHandover(NoHandover):
         return accounting.on_shed(camera, "worker_lost", self._claimed_through[key].session or "")
 
     def strays(self, key: str, camera: str, entry_id: bytes, fields: dict) -> list[Entry]:
-        """The frames of the gap before this entry that are pending on a consumer (another
-        worker's, or this one's from a reply it set aside), claimed: to be received first."""
+        """The frames of the gap before this entry (and the end of the session before it, not
+        read yet) that are pending on a consumer (another worker's, or this one's from a reply
+        it set aside), claimed: to be received first."""
         if not fields or self.claimed(key, entry_id):
             return []
         session = fields.get(b"session", b"").decode()

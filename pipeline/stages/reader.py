@@ -146,6 +146,7 @@ class FrameReader:
             per_stream = (policy.queues.max_waiting - policy.waiting) // max(1, len(self._read_ids))
             if per_stream >= 1 and self._read_ids and self._handover.may_read():
                 self._read(count=per_stream, block_ms=block_ms)
+                self._read_quiet_tails()
             elif block_ms is not None:
                 stop.wait(block_s)  # full and idle: only a policy that waits on the clock
 
@@ -168,6 +169,9 @@ class FrameReader:
             assert change.rules is not None
             self._policy.queues.set_rules(camera, change.rules)
             if change.kind in ("add", "adopt") and key not in self._read_ids:
+                # a camera from the registry may have no group yet (its decoder may not have
+                # written to it): a group missing later means Redis lost its data
+                ensure_group(self._redis, key)
                 self._fresh.add(camera)
                 if camera not in self._cameras:
                     self._cameras.append(camera)
@@ -217,6 +221,18 @@ class FrameReader:
             if entries:
                 read.append(self._camera_of[key])
         self._handover.record_positions(read)
+        self._drop(dropped)
+
+    def _read_quiet_tails(self) -> None:
+        """Entries a quiet stream holds pending after its last read (see ``CameraHandover``)."""
+        found = self._handover.quiet_tails(self._read_ids, self._camera_of)
+        if not found or not self._handover.may_read():
+            return
+        dropped: list[Dropped[PendingFrame]] = []
+        for key, entries in found:
+            for entry_id, fields in entries:
+                dropped += self._receive_one(key, entry_id, fields)
+        self._handover.record_positions([self._camera_of[key] for key, _ in found])
         self._drop(dropped)
 
     def _acknowledge(self, key: str, ids: list[bytes], entries: list[LedgerEntry]) -> None:

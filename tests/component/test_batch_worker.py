@@ -84,15 +84,22 @@ def worker(
     consumer="batcher-0",
     sink=None,
     telemetry=None,
+    may_read=None,
 ) -> BatchWorker:
-    """``instances``: further backends, each running batches on a thread of its own."""
+    """``instances``: further backends, each running batches on a thread of its own.
+    ``may_read``: reads under camera leases (the test holds them, as ``consumer``)."""
     sink = sink or open_sinks([RedisStreamsOptions()], SinkContext(client, keys, 10_000))
     telemetry = telemetry or Telemetry()
     context = WorkerContext(
         redis=client,
         keys=keys,
         accounting=Accounting(cameras, telemetry=telemetry),
-        acks=FrameAcks(redis_client=client, keys=keys, ledger_maxlen=10_000),
+        acks=FrameAcks(
+            redis_client=client,
+            keys=keys,
+            ledger_maxlen=10_000,
+            lease_holder=None if may_read is None else consumer,
+        ),
         telemetry=telemetry,
         consumer=consumer,
     )
@@ -104,6 +111,7 @@ def worker(
         sink=sink,
         until_done=True,
         since_ms=since_ms,
+        may_read=may_read,
     )
 
 
@@ -173,6 +181,41 @@ def test_the_run_after_a_crash_claims_and_accounts_for_everything(redis_client, 
     assert report.ok, report.line()
     assert report.sessions == 2 and report.frames == 12 + 3
     assert report.detected + report.dropped["previous_run"] == 15
+    assert redis_client.xpending(keys.frames("a"), FRAMES_GROUP)["pending"] == 0
+
+
+@pytest.mark.parametrize("next_session", [False, True], ids=["quiet", "next-session"])
+def test_an_end_entry_left_pending_on_another_worker_is_claimed(redis_client, keys, next_session):
+    """A read carried out after the camera's lease moved on (held up by an outage) leaves a
+    session's end entry pending on a worker that will never finish it, and no gap in ``seq``
+    shows it: the camera's holder finds it once the camera is quiet, or when the next
+    session's first frame arrives with the one before it not ended."""
+    redis_client.set(keys.lease("a"), "batcher-0")
+    write_frames(redis_client, keys, "a", "A", range(5), end=None)
+    reading = threading.Event()
+    reading.set()
+    batch_worker = worker(
+        redis_client, keys, ["a"], FakeBackend(), may_read=reading.is_set, since_ms=0
+    )
+    finished = threading.Thread(target=run_to_end, args=(batch_worker,))
+    finished.start()
+    deadline = time.monotonic() + 60
+    while redis_client.xlen(keys.detections("a")) < 5:
+        assert time.monotonic() < deadline, "the frames were not published"
+        time.sleep(0.05)
+    reading.clear()  # the holder's reads wait ...
+    time.sleep(0.3)  # ... past a read in flight (they block 100 ms at most)
+    write_frames(redis_client, keys, "a", "A", [], end=5)
+    stale = redis_client.xreadgroup(FRAMES_GROUP, "cut-off", {keys.frames("a"): ">"})
+    assert len(stale[0][1]) == 1  # the end entry, delivered to a worker that lost the camera
+    if next_session:
+        write_frames(redis_client, keys, "a", "B", range(3), end=3)
+    reading.set()
+    finished.join()
+    (report,) = audit(redis_client, keys, ["a"])
+    assert report.ok, report.line()
+    expected = (8, 8, 2) if next_session else (5, 5, 1)
+    assert (report.frames, report.detected, report.sessions) == expected
     assert redis_client.xpending(keys.frames("a"), FRAMES_GROUP)["pending"] == 0
 
 
