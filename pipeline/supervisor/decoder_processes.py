@@ -107,9 +107,9 @@ class DecoderProcesses:
                 )
                 process.process.kill()
 
-    def close(self, timeout_s: float) -> list[int]:
+    def stop_and_join(self, timeout_s: float) -> None:
         """Every process stopped and joined (stop → join → terminate → kill: none is left
-        behind); the pids they had."""
+        behind); what they said, and which exited, is still there to be read (:meth:`dead`)."""
         self.stop_all()
         deadline = time.monotonic() + timeout_s
         for process in self._processes:
@@ -121,6 +121,10 @@ class DecoderProcesses:
             if process.process.is_alive():
                 process.process.kill()
                 process.process.join()
+
+    def close(self, timeout_s: float) -> list[int]:
+        """Every process stopped, joined and forgotten; the pids they had."""
+        self.stop_and_join(timeout_s)
         pids = [p.pid for p in self._processes]
         for process in self._processes:
             process.control.close()

@@ -41,6 +41,7 @@ from streams.events import EventLog
 from streams.fence import LEASE_LOST, DecodeLease, claim_session, end_session_in_progress
 from streams.keys import StreamKeys
 from streams.messages import EndOfStream, message_kind, new_session_id, session_progress
+from streams.redis_errors import OUTAGE_ERRORS
 from streams.shm_ring import remove_segments
 from streams.transport import host_id
 
@@ -148,24 +149,7 @@ class DecoderSupervisor(Part):
         without an end entry, kill removed ones that will not stop; with ``until_done``, once
         every file camera ended, stop the live ones too."""
         now = time.monotonic()
-        for message in self._processes.messages():
-            self._received(message)
-        for process, last, cameras in self._processes.dead():
-            for message in last:
-                self._received(message)
-            remove_segments(self._keys.prefix, host=self._host, pids=[process.pid])  # rings
-            code = process.process.exitcode
-            for camera, run in cameras:
-                if run != self._sessions[camera]:
-                    continue  # a thread of a camera removed and back: the camera runs on
-                if self._decoders[camera].ended:  # its session ended; the process died after
-                    self._decoders[camera].finished = True
-                    continue
-                self._ended_without_entry(
-                    self._decoders[camera],
-                    f"decoder process for camera {camera!r} died (exit code {code})",
-                    now,
-                )
+        self._reap(now)
         for decoder in self._decoders.values():
             if not decoder.finished:
                 self._check(decoder, now)
@@ -199,8 +183,36 @@ class DecoderSupervisor(Part):
         if self._released is not None:
             self._released.set()
         self._stopping = True
+        self._processes.stop_and_join(DECODER_JOIN_S)
+        try:
+            # a decoder whose start was still in its process's pipe when the process stopped
+            # (or killed on the way) wrote no end: its session is ended here, not left open
+            self._reap(time.monotonic())
+        except OUTAGE_ERRORS as exc:
+            log.warning("decoders' sessions not ended (Redis unreachable): %s", exc)
         pids = self._processes.close(DECODER_JOIN_S)
         remove_segments(self._keys.prefix, host=self._host, pids=pids)
+
+    def _reap(self, now: float) -> None:
+        """What the decode processes said, and those that exited: the sessions of decoders
+        that exited without their end entry ended from their progress."""
+        for message in self._processes.messages():
+            self._received(message)
+        for process, last, cameras in self._processes.dead():
+            for message in last:
+                self._received(message)
+            remove_segments(self._keys.prefix, host=self._host, pids=[process.pid])  # rings
+            code = process.process.exitcode
+            for camera, run in cameras:
+                if run != self._sessions[camera]:
+                    continue  # a thread of a camera removed and back: the camera runs on
+                if self._decoders[camera].ended:  # its session ended; the process died after
+                    self._decoders[camera].finished = True
+                    continue
+                how = f"died (exit code {code})" if code else "stopped before the decoder began"
+                self._ended_without_entry(
+                    self._decoders[camera], f"decoder process for camera {camera!r} {how}", now
+                )
 
     # --- cameras --------------------------------------------------------------------------------
     def add(self, camera: CameraConfig) -> None:

@@ -13,16 +13,22 @@ import os
 import signal
 import time
 import urllib.request
+from contextlib import ExitStack
 
 import pytest
 import redis
 
 from framebatch_tools.audit import audit
+from pipeline.config import load_config
+from pipeline.fleet.sharded import decode_lease
 from pipeline.leases.camera_leases import rendezvous_owner
+from pipeline.supervisor.decoders import DecoderSupervisor
+from pipeline.supervisor.services import open_services
+from pipeline.telemetry import NO_TELEMETRY
 from streams.embedded_redis import EmbeddedRedis
 from streams.groups import all_read
 from streams.keys import StreamKeys
-from streams.messages import DetectionMessage
+from streams.messages import DetectionMessage, message_kind
 from tests.conftest import MODEL, SAMPLE_CLIPS
 from tests.integration.runner import (
     even_pair,
@@ -335,3 +341,28 @@ def _quietly(call, *args):
         return call(*args)
     except OSError:
         return None
+
+
+def test_a_decoder_stopped_before_its_process_began_it_still_ends_its_session(assets, tmp_path):
+    """A worker that stops while a camera's start is still in the pipe to its decode process
+    (the process stops before it reads it) claimed a session that no decoder will end: the
+    worker ends it from its progress as it closes, so nothing waits on that session."""
+    keys = StreamKeys(PREFIX)
+    with EmbeddedRedis() as server, redis.Redis.from_url(server.url) as client:
+        config = load_config(live_config(tmp_path / "sharded.yaml", server.url))
+        with ExitStack() as stack:
+            services = open_services(config, stack, telemetry=NO_TELEMETRY, live_view=False)
+            lease = decode_lease(config, "stopping")
+            decoders = DecoderSupervisor(config, services, rings_read_here=False, lease=lease)
+            decoders.add(config.cameras[0])  # its session claimed, its process just spawned
+            session = client.hget(keys.progress("c0"), "session")
+            assert session is not None
+            decoders.stop()  # before the new process gets to read its pipe
+            decoders.close()
+        assert not client.exists(keys.progress("c0")), "a session left in progress"
+        ends = [
+            fields
+            for _id, fields in client.xrange(keys.frames("c0"))
+            if message_kind(fields) == "end"
+        ]
+        assert [end[b"session"] for end in ends] == [session]
