@@ -21,21 +21,21 @@ SLOTS = 16384
 READY_TIMEOUT_S = 20.0
 
 
-def _free(port: int) -> bool:
+def _free(host: str, port: int) -> bool:
     with socket.socket() as sock:
         try:
-            sock.bind(("127.0.0.1", port))
+            sock.bind((host, port))
         except OSError:
             return False
     return True
 
 
-def _ports(count: int) -> list[int]:
+def _ports(host: str, count: int) -> list[int]:
     """Ports whose cluster bus port (+10000) is free too."""
     chosen: list[int] = []
     while len(chosen) < count:
         port = random.randrange(20000, 30000)
-        if port not in chosen and _free(port) and _free(port + 10000):
+        if port not in chosen and _free(host, port) and _free(host, port + 10000):
             chosen.append(port)
     return chosen
 
@@ -44,8 +44,12 @@ class LocalRedisCluster:
     """Use as a context manager; ``url`` is the first node's, ``node_of(key)`` says which
     node holds a key."""
 
-    def __init__(self, masters: int = 3):
+    def __init__(self, masters: int = 3, host: str = "127.0.0.1", extra_args: tuple[str, ...] = ()):
+        """``host``: the address the nodes listen on and announce (a network-namespace
+        host's, for benchmarks across hosts); ``extra_args``: more options for each node."""
         self._masters = masters
+        self.host = host
+        self._extra_args = extra_args
         self._stack = ExitStack()
         self._nodes: list[EmbeddedRedis] = []
         self.ports: list[int] = []
@@ -55,7 +59,7 @@ class LocalRedisCluster:
         try:
             # each node's cluster config outlives the node (restarts); its data does not
             self._config_dir = Path(self._stack.enter_context(TemporaryDirectory()))
-            self.ports = _ports(self._masters)
+            self.ports = _ports(self.host, self._masters)
             self._nodes = [self._node(port) for port in self.ports]
             for node in self._nodes:
                 node.start()
@@ -64,25 +68,25 @@ class LocalRedisCluster:
         except BaseException:
             self._stack.close()
             raise
-        self.url = f"redis://127.0.0.1:{self.ports[0]}/0"
+        self.url = f"redis://{self.host}:{self.ports[0]}/0"
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self._stack.close()
 
     def _join(self) -> None:
-        clients = [redis.Redis(port=p) for p in self.ports]
+        clients = [redis.Redis(self.host, p) for p in self.ports]
         bounds = [SLOTS * i // self._masters for i in range(self._masters + 1)]
         for i, client in enumerate(clients):
             client.execute_command("CLUSTER ADDSLOTSRANGE", bounds[i], bounds[i + 1] - 1)
             if i:
-                client.execute_command("CLUSTER MEET", "127.0.0.1", self.ports[0])
+                client.execute_command("CLUSTER MEET", self.host, self.ports[0])
             client.close()
         self._wait_ok()
 
     def _wait_ok(self) -> None:
         """Until every node sees every node and every slot served."""
-        clients = [redis.Redis(port=p) for p in self.ports]
+        clients = [redis.Redis(self.host, p) for p in self.ports]
         deadline = time.monotonic() + READY_TIMEOUT_S
         try:
             while time.monotonic() < deadline:
@@ -101,9 +105,11 @@ class LocalRedisCluster:
         config = self._config_dir / f"nodes-{port}.conf"
         return EmbeddedRedis(
             port=port,
+            bind=self.host,
             extra_args=(
                 *("--cluster-enabled", "yes", "--cluster-node-timeout", "2000"),
                 *("--cluster-config-file", str(config)),
+                *self._extra_args,
             ),
         )
 
@@ -124,7 +130,7 @@ class LocalRedisCluster:
         MOVED, ASK, from INFO errorstats), counted since they started."""
         counts: dict[str, int] = {}
         for port in self.ports:
-            with redis.Redis(port=port) as client:
+            with redis.Redis(self.host, port) as client:
                 for name, stat in client.info("errorstats").items():
                     kind = name.removeprefix("errorstat_")
                     if kind in ("CROSSSLOT", "MOVED", "ASK"):

@@ -72,14 +72,17 @@ class EmbeddedRedis:
         self,
         *,
         port: int | None = None,
+        bind: str = "127.0.0.1",
         executable: str = "redis-server",
         aof_dir: Path | None = None,
         extra_args: tuple[str, ...] = (),
     ):
         """``aof_dir``: persist with an append-only file fsynced on every write, kept there
         across restarts (tests of Redis restarts); default: no persistence.  ``extra_args``:
-        more ``redis-server`` options (``--cluster-enabled yes``...)."""
+        more ``redis-server`` options (``--cluster-enabled yes``...).  ``bind``: the address a
+        TCP ``port`` listens on (a network-namespace host's, for benchmarks across hosts)."""
         self._port = port
+        self._bind = bind
         self._aof_dir = aof_dir
         self._extra_args = extra_args
         self._executable = executable
@@ -107,8 +110,8 @@ class EmbeddedRedis:
             args += ["--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700"]
             self.url = f"unix://{sock}"
         else:
-            args += ["--port", str(self._port), "--bind", "127.0.0.1"]
-            self.url = f"redis://127.0.0.1:{self._port}/0"
+            args += ["--port", str(self._port), "--bind", self._bind]
+            self.url = f"redis://{self._bind}:{self._port}/0"
         args += self._extra_args
         setpriv = shutil.which("setpriv")  # util-linux: the server dies with its guard
         if setpriv is not None:

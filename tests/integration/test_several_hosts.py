@@ -22,11 +22,11 @@ import pytest
 import redis
 
 from framebatch_tools.audit import audit
+from framebatch_tools.netns import Hosts, netns_available
 from pipeline.leases.camera_leases import rendezvous_owner
 from streams.groups import all_read
 from streams.keys import StreamKeys
 from tests.conftest import MODEL
-from tests.integration.netns import Hosts, netns_available
 from tests.integration.runner import even_pair, wait_for, write_config
 from tests.integration.test_camera_leases import (
     CAMERAS,

@@ -1,11 +1,12 @@
-"""Hosts for tests, built from Linux network namespaces: each host is a namespace with one
-veth link to a switch (a bridge in a namespace of its own), so processes on different hosts
-talk over a real, separate network stack and a host's link can be taken down.  Nothing
-touches the machine's own namespace; everything is removed on exit.  Needs root and
-iproute2 (``ip netns``)."""
+"""Hosts for tests and benchmarks, built from Linux network namespaces: each host is a
+namespace with one veth link to a switch (a bridge in a namespace of its own), so processes on
+different hosts talk over a real, separate network stack and a host's link can be taken
+down.  Nothing touches the machine's own namespace; everything is removed on exit.  Needs
+root and iproute2 (``ip netns``)."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import subprocess
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 SUBNET = "10.213.0"
+CLONE_NEWNET = 0x40000000
 
 
 def netns_available() -> tuple[bool, str]:
@@ -89,3 +91,13 @@ class Hosts:
     def link(self, host: str, up: bool) -> None:
         """Plug or unplug the host's cable (at the switch: the host notices nothing)."""
         ip("-n", self._ns("switch"), "link", "set", self._switch_port(host), "up" if up else "down")
+
+    def enter(self, host: str) -> None:
+        """Move this thread onto ``host``'s network (``setns``): what it starts later, threads
+        and processes, is there too.  For a driver that must reach servers bound on a host
+        (a Redis Cluster announces the address it was met on)."""
+        libc = ctypes.CDLL(None, use_errno=True)
+        with open(f"/run/netns/{self._ns(host)}") as handle:
+            if libc.setns(handle.fileno(), CLONE_NEWNET) != 0:
+                error = ctypes.get_errno()
+                raise OSError(error, f"setns onto host {host}: {os.strerror(error)}")
