@@ -174,9 +174,9 @@ class CameraHandover(NoHandover):
         return accounting.on_shed(camera, "worker_lost", self._claimed_through[key].session or "")
 
     def strays(self, key: str, camera: str, entry_id: bytes, fields: dict) -> list[Entry]:
-        """The frames of the gap before this entry (and the end of the session before it, not
-        read yet) that are pending on a consumer (another worker's, or this one's from a reply
-        it set aside), claimed: to be received first."""
+        """The frames of the gap before this entry (before a new session's first entry: any
+        entry since the last one received) that are pending on a consumer (another worker's,
+        or this one's from a reply it set aside), claimed: to be received first."""
         if not fields or self.claimed(key, entry_id):
             return []
         session = fields.get(b"session", b"").decode()

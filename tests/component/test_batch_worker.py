@@ -219,6 +219,42 @@ def test_an_end_entry_left_pending_on_another_worker_is_claimed(redis_client, ke
     assert redis_client.xpending(keys.frames("a"), FRAMES_GROUP)["pending"] == 0
 
 
+def test_a_whole_session_left_pending_on_another_worker_is_claimed_at_the_next(
+    redis_client, keys
+):
+    """A short session (its first frame and its end) delivered in a reply that was set aside
+    leaves no gap in ``seq`` anywhere: the session before it ended, the one after starts at 0.
+    The next session's first frame looks for entries pending since the last one received."""
+    redis_client.set(keys.lease("a"), "batcher-0")
+    redis_client.set(keys.lease("z"), "batcher-0")
+    write_frames(redis_client, keys, "a", "A", range(5), end=5)
+    write_frames(redis_client, keys, "z", "Z", range(2), end=None)  # keeps the worker reading
+    reading = threading.Event()
+    reading.set()
+    batch_worker = worker(
+        redis_client, keys, ["a", "z"], FakeBackend(), may_read=reading.is_set, since_ms=0
+    )
+    finished = threading.Thread(target=run_to_end, args=(batch_worker,))
+    finished.start()
+    deadline = time.monotonic() + 60
+    while redis_client.xlen(keys.frames("a")) or redis_client.xlen(keys.detections("z")) < 2:
+        assert time.monotonic() < deadline, "session A was not read to its end"
+        time.sleep(0.05)
+    reading.clear()
+    time.sleep(0.3)  # past a read in flight
+    write_frames(redis_client, keys, "a", "B", [0], end=1)
+    stale = redis_client.xreadgroup(FRAMES_GROUP, "cut-off", {keys.frames("a"): ">"})
+    assert len(stale[0][1]) == 2
+    write_frames(redis_client, keys, "a", "C", range(3), end=3)
+    write_frames(redis_client, keys, "z", "Z", [], end=2)
+    reading.set()
+    finished.join()
+    report = {r.camera: r for r in audit(redis_client, keys, ["a", "z"])}["a"]
+    assert report.ok, report.line()
+    assert (report.frames, report.detected, report.sessions) == (9, 9, 3)
+    assert redis_client.xpending(keys.frames("a"), FRAMES_GROUP)["pending"] == 0
+
+
 class FakeSink:
     """Keeps what it is given; fails at a chosen batch."""
 
