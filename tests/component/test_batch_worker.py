@@ -219,9 +219,7 @@ def test_an_end_entry_left_pending_on_another_worker_is_claimed(redis_client, ke
     assert redis_client.xpending(keys.frames("a"), FRAMES_GROUP)["pending"] == 0
 
 
-def test_a_whole_session_left_pending_on_another_worker_is_claimed_at_the_next(
-    redis_client, keys
-):
+def test_a_whole_session_left_pending_on_another_worker_is_claimed_at_the_next(redis_client, keys):
     """A short session (its first frame and its end) delivered in a reply that was set aside
     leaves no gap in ``seq`` anywhere: the session before it ended, the one after starts at 0.
     The next session's first frame looks for entries pending since the last one received."""
