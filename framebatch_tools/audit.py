@@ -46,7 +46,8 @@ class CameraAudit:
             f"camera {self.camera}: {self.sessions} sessions, {self.frames} frames = "
             f"{self.detected} detected + dropped ({dropped}); {len(self.unaccounted)} "
             f"unaccounted; {self.duplicates} duplicate detections; lost in decoding "
-            f"{self.lost_in_decoding}; {self.after_end} after their session's end"
+            f"{self.lost_in_decoding}; {self.after_end} after their session's end; "
+            f"{self.detected_and_dropped} both detected and dropped"
         )
 
 

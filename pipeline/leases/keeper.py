@@ -112,6 +112,11 @@ class LeaseKeeper:
     def holds(self, camera: str) -> bool:
         return camera in self._leases.held
 
+    def leased(self, camera: str) -> bool:
+        """Held, or being handed over: lost ones leave at the renewal that finds them lost,
+        before the reader is told (``LeaseGate``)."""
+        return camera in self._leases.held or camera in self._leases.handing_over
+
     def add_camera(self, camera: str) -> None:
         self._leases.add_camera(camera)
 

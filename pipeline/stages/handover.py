@@ -15,6 +15,10 @@ camera that moves between detector workers.
   often, which nothing follows).
 * Each camera's position (session, last seq, stream id) is kept in Redis with its ledger
   entries, so the next worker to read it follows on without a gap or a repeat.
+* A camera whose lease went to another worker is neither received nor swept from the moment
+  the renewal that finds it lost, before the reader lets it go: a read held up by a cut, or a
+  sweep due meanwhile, would otherwise take frames its holder is reading and count the gap
+  they leave as dropped.
 
 A worker without leases (``framebatch run``) reads with :data:`NO_HANDOVER`.
 """
@@ -25,6 +29,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import Protocol
 
 from pipeline.stages.context import WorkerContext
 from streams.groups import claim, pending_between
@@ -43,10 +48,25 @@ QUIET_SWEEP_S = 0.5  # how often the streams are gone over for quiet ones
 Entry = tuple[bytes, dict[bytes, bytes]]
 
 
+class LeaseGate(Protocol):
+    """What a reader under camera leases asks of them (``LeaseKeeper``)."""
+
+    def may_read(self) -> bool:
+        """The leases held are surely still this worker's (false while a renewal is late)."""
+        ...
+
+    def leased(self, camera: str) -> bool:
+        """``camera``'s lease is this worker's (held, or being handed over)."""
+        ...
+
+
 class NoHandover:
     """Cameras that never change hands: every hook does nothing."""
 
     def may_read(self) -> bool:
+        return True
+
+    def leased(self, camera: str) -> bool:
         return True
 
     def adopt(self, key: str, position: CameraPosition) -> None:
@@ -92,12 +112,12 @@ class CameraHandover(NoHandover):
         self,
         context: WorkerContext,
         *,
-        may_read: Callable[[], bool],
+        leases: LeaseGate,
         clock: Callable[[], float] = time.monotonic,
     ):
-        """``may_read``: false once the worker's leases may have run out (its reads wait)."""
+        """``leases``: reads wait while they may have run out; a lost camera is left alone."""
         self._context = context
-        self._may_read = may_read
+        self._leases = leases
         self._clock = clock
         # per stream: when its tail is looked at next, and the wait after that
         self._tail_at: dict[str, float] = {}
@@ -108,7 +128,10 @@ class CameraHandover(NoHandover):
         self._last_entry: dict[str, str] = {}  # per stream: the newest entry received
 
     def may_read(self) -> bool:
-        return self._may_read()
+        return self._leases.may_read()
+
+    def leased(self, camera: str) -> bool:
+        return self._leases.leased(camera)
 
     def adopt(self, key: str, position: CameraPosition) -> None:
         self._claimed_through[key] = position
@@ -139,7 +162,7 @@ class CameraHandover(NoHandover):
         claimed, in stream order.  Streams whose own pending history is still being read are
         left to that read, which returns them."""
         now, context, found = self._clock(), self._context, []
-        if now < self._next_sweep:
+        if now < self._next_sweep or not self.may_read():
             return found
         self._next_sweep = now + QUIET_SWEEP_S
         for key, read_id in read_ids.items():
@@ -147,6 +170,8 @@ class CameraHandover(NoHandover):
             at = self._tail_at.setdefault(key, now + QUIET_TAIL_S)
             if read_id != ">" or now < at or context.accounting.ended([camera]):
                 continue
+            if not self.leased(camera):
+                continue  # lost: what is pending is its holder's, being read or to be claimed
             wait = self._tail_wait.get(key, QUIET_TAIL_S)
             self._tail_at[key] = now + wait
             self._tail_wait[key] = min(2 * wait, QUIET_TAIL_LONGEST_S)

@@ -211,6 +211,10 @@ class FrameReader:
         read: list[str] = []
         for key, entries in reply or []:
             key = key.decode()
+            if not self._handover.leased(self._camera_of[key]):
+                # lost in the read (its letting go is on the way): the entries stay pending
+                # here, for the camera's holder to claim as it meets their gap
+                continue
             if self._read_ids[key] != ">" and not entries:
                 self._read_ids[key] = ">"  # own pending history exhausted
                 self._handover.history_read(key)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable
 
 from detectors.detector import Detector
 from pipeline.analytics.stage import AnalyticsSettings, FrameAnalyser
@@ -25,7 +24,7 @@ from pipeline.errors import StageFailed
 from pipeline.stages.batches import InferredBatch, PendingFrame, PreparedBatch
 from pipeline.stages.changes import CameraChanges
 from pipeline.stages.context import WorkerContext
-from pipeline.stages.handover import NO_HANDOVER, CameraHandover
+from pipeline.stages.handover import NO_HANDOVER, CameraHandover, LeaseGate
 from pipeline.stages.inferer import InferenceMeter, Inferer
 from pipeline.stages.lifecycle import Handoff, Lifecycle
 from pipeline.stages.publisher import Publisher
@@ -52,7 +51,7 @@ class BatchWorker:
         since_ms: int = 0,
         frame_decoder: FrameDecoder | None = None,
         changes: CameraChanges | None = None,
-        may_read: Callable[[], bool] | None = None,
+        leases: LeaseGate | None = None,
         analytics: AnalyticsSettings | None = None,
         events_maxlen: int = 100_000,
     ):
@@ -60,11 +59,12 @@ class BatchWorker:
         ``frame_decoder``: reads pixels of every transport; the worker closes it when it ends.
         ``sink``: where detection messages go (the caller opens and closes it).  ``changes``:
         cameras added, re-prioritised or let go while running (from any thread).
-        ``may_read``: the camera leases' gate (``framebatch detect``): cameras move between
-        workers, each camera's position is kept in Redis, and reads wait while it is false.
+        ``leases``: the camera leases' gate (``framebatch detect``): cameras move between
+        workers, each camera's position is kept in Redis, reads wait while the leases may have
+        run out, and a camera whose lease was lost is left alone.
         ``analytics``: each camera's analytics settings (None: no camera has any);
         ``events_maxlen``: the length each camera's events stream is capped at."""
-        if may_read is not None and context.acks.lease_holder != context.consumer:
+        if leases is not None and context.acks.lease_holder != context.consumer:
             raise ValueError(
                 "a worker under camera leases writes positions fenced by its consumer name: "
                 "its context's acks must hold the leases as that consumer"
@@ -78,7 +78,7 @@ class BatchWorker:
         self._since_ms = since_ms
         self._frames = frame_decoder or FrameDecoder()
         self.changes = changes or CameraChanges()
-        self._may_read = may_read
+        self._leases = leases
         self._analytics = analytics
         self._events_maxlen = events_maxlen
 
@@ -113,9 +113,7 @@ class BatchWorker:
         inferred: Handoff[InferredBatch] = lifecycle.handoff()
         meter = InferenceMeter(self._detector.instances)
         handover = (
-            NO_HANDOVER
-            if self._may_read is None
-            else CameraHandover(context, may_read=self._may_read)
+            NO_HANDOVER if self._leases is None else CameraHandover(context, leases=self._leases)
         )
         finish = finish or threading.Event()
         if self._until_done:

@@ -360,7 +360,7 @@ class DetectorPool(Part):
             since_ms=since_ms,
             frame_decoder=FrameDecoder(host=host_id()),
             changes=changes,
-            may_read=self._keeper.may_read if self._keeper is not None else None,
+            leases=self._keeper,
             analytics=self._resources.analytics,
             events_maxlen=config.redis.events_maxlen,
         )

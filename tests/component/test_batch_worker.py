@@ -84,10 +84,10 @@ def worker(
     consumer="batcher-0",
     sink=None,
     telemetry=None,
-    may_read=None,
+    leases=None,
 ) -> BatchWorker:
     """``instances``: further backends, each running batches on a thread of its own.
-    ``may_read``: reads under camera leases (the test holds them, as ``consumer``)."""
+    ``leases``: reads under camera leases (the test holds them, as ``consumer``)."""
     sink = sink or open_sinks([RedisStreamsOptions()], SinkContext(client, keys, 10_000))
     telemetry = telemetry or Telemetry()
     context = WorkerContext(
@@ -98,7 +98,7 @@ def worker(
             redis_client=client,
             keys=keys,
             ledger_maxlen=10_000,
-            lease_holder=None if may_read is None else consumer,
+            lease_holder=None if leases is None else consumer,
         ),
         telemetry=telemetry,
         consumer=consumer,
@@ -111,8 +111,24 @@ def worker(
         sink=sink,
         until_done=True,
         since_ms=since_ms,
-        may_read=may_read,
+        leases=leases,
     )
+
+
+class SimulatedLeases:
+    """The camera leases as a test holds them: reads wait while ``reading`` is clear; the
+    cameras in ``lost`` went to another worker."""
+
+    def __init__(self):
+        self.reading = threading.Event()
+        self.reading.set()
+        self.lost: set[str] = set()
+
+    def may_read(self) -> bool:
+        return self.reading.is_set()
+
+    def leased(self, camera: str) -> bool:
+        return camera not in self.lost
 
 
 def redis_now_ms(client) -> int:
@@ -192,11 +208,9 @@ def test_an_end_entry_left_pending_on_another_worker_is_claimed(redis_client, ke
     session's first frame arrives with the one before it not ended."""
     redis_client.set(keys.lease("a"), "batcher-0")
     write_frames(redis_client, keys, "a", "A", range(5), end=None)
-    reading = threading.Event()
-    reading.set()
-    batch_worker = worker(
-        redis_client, keys, ["a"], FakeBackend(), may_read=reading.is_set, since_ms=0
-    )
+    leases = SimulatedLeases()
+    reading = leases.reading
+    batch_worker = worker(redis_client, keys, ["a"], FakeBackend(), leases=leases, since_ms=0)
     finished = threading.Thread(target=run_to_end, args=(batch_worker,))
     finished.start()
     deadline = time.monotonic() + 60
@@ -227,11 +241,9 @@ def test_a_whole_session_left_pending_on_another_worker_is_claimed_at_the_next(r
     redis_client.set(keys.lease("z"), "batcher-0")
     write_frames(redis_client, keys, "a", "A", range(5), end=5)
     write_frames(redis_client, keys, "z", "Z", range(2), end=None)  # keeps the worker reading
-    reading = threading.Event()
-    reading.set()
-    batch_worker = worker(
-        redis_client, keys, ["a", "z"], FakeBackend(), may_read=reading.is_set, since_ms=0
-    )
+    leases = SimulatedLeases()
+    reading = leases.reading
+    batch_worker = worker(redis_client, keys, ["a", "z"], FakeBackend(), leases=leases, since_ms=0)
     finished = threading.Thread(target=run_to_end, args=(batch_worker,))
     finished.start()
     deadline = time.monotonic() + 60
@@ -251,6 +263,60 @@ def test_a_whole_session_left_pending_on_another_worker_is_claimed_at_the_next(r
     assert report.ok, report.line()
     assert (report.frames, report.detected, report.sessions) == (9, 9, 3)
     assert redis_client.xpending(keys.frames("a"), FRAMES_GROUP)["pending"] == 0
+
+
+def test_a_camera_lost_to_another_worker_is_left_to_it_before_the_reader_lets_it_go(
+    redis_client, keys
+):
+    """The renewal that finds a camera's lease lost (this worker was cut off past the TTL)
+    comes before the reader is told to let it go: meanwhile neither a read held up by the cut
+    nor the quiet-tail sweep takes the camera's frames from the worker that holds it now (it
+    took them as stolen: the gap they left was written off as overflow, frames it detected)."""
+    for camera in ("a", "z"):
+        redis_client.set(keys.lease(camera), "batcher-0")
+    write_frames(redis_client, keys, "a", "A", range(5), end=None)
+    leases = SimulatedLeases()
+    batch_worker = worker(redis_client, keys, ["a", "z"], FakeBackend(), leases=leases, since_ms=0)
+    stop = threading.Event()
+    running = threading.Thread(target=batch_worker.run, args=(stop,))
+    running.start()
+    try:
+        wait_until(lambda: redis_client.xlen(keys.detections("a")) == 5, "a's frames published")
+        leases.reading.clear()  # cut off ...
+        time.sleep(0.3)  # ... past a read in flight
+        write_frames(redis_client, keys, "a", "A", range(5, 8), end=None)
+        holder = redis_client.xreadgroup(FRAMES_GROUP, "holder", {keys.frames("a"): ">"})
+        assert len(holder[0][1]) == 3  # the camera's new holder, mid-batch
+        leases.lost.add("a")
+        leases.reading.set()  # back: the renewal found a lost, the reader not told yet
+        write_frames(redis_client, keys, "a", "A", range(8, 10), end=None)  # read here
+        write_frames(redis_client, keys, "z", "Z", range(2), end=None)
+        wait_until(lambda: redis_client.xlen(keys.detections("z")) == 2, "z's frames published")
+        # z's end left on a cut-off consumer is found by the sweep, which goes over a first
+        leases.reading.clear()
+        time.sleep(0.3)
+        write_frames(redis_client, keys, "z", "Z", [], end=2)
+        redis_client.xreadgroup(FRAMES_GROUP, "cut-off", {keys.frames("z"): ">"})
+        leases.reading.set()
+        wait_until(
+            lambda: redis_client.xpending(keys.frames("z"), FRAMES_GROUP)["pending"] == 0,
+            "z's end claimed by the sweep",
+        )
+    finally:
+        stop.set()
+        running.join(60)
+    pending = redis_client.xpending_range(keys.frames("a"), FRAMES_GROUP, "-", "+", 10)
+    consumers = [p["consumer"].decode() for p in pending]
+    assert consumers == ["holder"] * 3 + ["batcher-0"] * 2  # the holder claims both at the gap
+    assert redis_client.xlen(keys.detections("a")) == 5
+    assert not [f for _, f in redis_client.xrange(keys.ledger("a")) if f[b"kind"] == b"drop"]
+
+
+def wait_until(condition, what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
 
 
 class FakeSink:

@@ -109,15 +109,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.05):
-    """``condition()``'s first true value; AssertionError naming ``what`` after the timeout."""
+def wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.05, describe=None):
+    """``condition()``'s first true value; AssertionError naming ``what`` after the timeout,
+    with ``describe()`` (what the wait saw last) when given."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = condition()
         if value:
             return value
         time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+    seen = f"\n{describe()}" if describe is not None else ""
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}{seen}")
 
 
 def run_until_done(config: Path, timeout: float = 900) -> CliResult:

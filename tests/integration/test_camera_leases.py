@@ -12,10 +12,10 @@ import time
 import pytest
 import redis
 
-from framebatch_tools.audit import audit
+from framebatch_tools.audit import CameraAudit, audit
 from pipeline.leases.camera_leases import rendezvous_owner
 from streams.embedded_redis import EmbeddedRedis
-from streams.keys import StreamKeys
+from streams.keys import FRAMES_GROUP, StreamKeys
 from streams.messages import DetectionMessage
 from tests.conftest import MODEL, SAMPLE_CLIPS
 from tests.integration.runner import (
@@ -51,15 +51,33 @@ def detections(client: redis.Redis, keys: StreamKeys, camera: str) -> list[Detec
     return [DetectionMessage.from_fields(f) for _, f in client.xrange(keys.detections(camera))]
 
 
-def complete(client: redis.Redis, keys: StreamKeys):
-    """A condition: each camera's session ended (its end read by a worker) and every one of
-    its frames detected or dropped; its value is the audit."""
+def wait_complete(client: redis.Redis, keys: StreamKeys) -> list[CameraAudit]:
+    """Each camera's audit once every one of its frames is detected or dropped; on a timeout,
+    what was missing: each camera's audit, frames group, pending entries, lease, ledger tail."""
 
     def check():
         reports = audit(client, keys, CAMERAS)
         return reports if all(r.ok and r.frames == FRAMES for r in reports) else None
 
-    return check
+    def describe() -> str:
+        lines = []
+        for report in audit(client, keys, CAMERAS):
+            stream = keys.frames(report.camera)
+            try:
+                group = client.xinfo_groups(stream)
+                pending = client.xpending_range(stream, FRAMES_GROUP, "-", "+", 20)
+            except redis.ResponseError as exc:
+                group, pending = str(exc), []
+            held = [(p["message_id"], p["consumer"], p["times_delivered"]) for p in pending]
+            ledger = [fields for _id, fields in client.xrange(keys.ledger(report.camera))]
+            lines.append(
+                f"{report.line()}; unaccounted {report.unaccounted[:5]}; group {group}; "
+                f"pending {held}; lease {client.get(keys.lease(report.camera))}; "
+                f"ledger {ledger[-6:]}"
+            )
+        return "\n".join(lines)
+
+    return wait_for(check, 120, "every frame detected or dropped", 0.5, describe)
 
 
 def kill_and_time_the_take_over(client: redis.Redis, keys: StreamKeys, worker, victim) -> float:
@@ -140,7 +158,7 @@ def kill_a_worker_mid_run(tmp_path, client: redis.Redis, redis_config: dict) -> 
         workers[victim].wait()
         decoders.wait(120)  # every file decoded
         assert decoders.returncode == 0, decoders.stderr.read()
-        reports = wait_for(complete(client, keys), 120, "every frame detected or dropped", 0.5)
+        reports = wait_complete(client, keys)
         code, _out, err = stop_daemon(workers[survivor])
         assert code == 0, err
     finally:
