@@ -44,12 +44,21 @@ class LocalRedisCluster:
     """Use as a context manager; ``url`` is the first node's, ``node_of(key)`` says which
     node holds a key."""
 
-    def __init__(self, masters: int = 3, host: str = "127.0.0.1", extra_args: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        masters: int = 3,
+        host: str = "127.0.0.1",
+        extra_args: tuple[str, ...] = (),
+        aof_dir: Path | None = None,
+    ):
         """``host``: the address the nodes listen on and announce (a network-namespace
-        host's, for benchmarks across hosts); ``extra_args``: more options for each node."""
+        host's, for benchmarks across hosts); ``extra_args``: more options for each node;
+        ``aof_dir``: each node persists there (an append-only file fsynced on every write),
+        so a node restarted comes back with its data."""
         self._masters = masters
         self.host = host
         self._extra_args = extra_args
+        self._aof_dir = aof_dir
         self._stack = ExitStack()
         self._nodes: list[EmbeddedRedis] = []
         self.ports: list[int] = []
@@ -103,9 +112,14 @@ class LocalRedisCluster:
 
     def _node(self, port: int) -> EmbeddedRedis:
         config = self._config_dir / f"nodes-{port}.conf"
+        data = None
+        if self._aof_dir is not None:
+            data = self._aof_dir / f"node-{port}"
+            data.mkdir(parents=True, exist_ok=True)
         return EmbeddedRedis(
             port=port,
             bind=self.host,
+            aof_dir=data,
             extra_args=(
                 *("--cluster-enabled", "yes", "--cluster-node-timeout", "2000"),
                 *("--cluster-config-file", str(config)),
@@ -118,8 +132,13 @@ class LocalRedisCluster:
         every slot once the others have noticed)."""
         self._nodes[index].stop()
 
+    def crash_node(self, index: int) -> None:
+        """SIGKILL one master (a crash: no shutdown, no final write)."""
+        self._nodes[index].crash()
+
     def start_node(self, index: int) -> None:
-        """Start a stopped master again, without its data, in its place in the cluster."""
+        """Start a stopped master again in its place in the cluster, with its data when the
+        nodes persist (``aof_dir``), else empty."""
         self._nodes[index] = self._node(self.ports[index])
         self._nodes[index].start()
         self._stack.callback(self._nodes[index].stop)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -148,6 +149,20 @@ class EmbeddedRedis:
             client.close()
         self.stop()
         raise RedisServerError(f"redis-server did not answer within {START_TIMEOUT_S:.0f}s")
+
+    def crash(self) -> None:
+        """SIGKILL of redis-server itself (a crash: no shutdown, no final write), then
+        stopped; what ``aof_dir`` kept is what the next start finds."""
+        process = self._process
+        if process is not None:
+            children = Path(f"/proc/{process.pid}/task/{process.pid}/children")
+            for pid in children.read_text().split() if children.exists() else []:
+                os.kill(int(pid), signal.SIGKILL)  # the server; its guard then exits
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass  # stop() ends the guard
+        self.stop()
 
     def stop(self) -> None:
         process, self._process = self._process, None

@@ -17,7 +17,6 @@ import argparse
 import json
 import logging
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -25,7 +24,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -33,7 +31,10 @@ from typing import Any
 import yaml
 
 from framebatch_tools.audit import CameraAudit, audit_entries
+from framebatch_tools.chaos.plan import FaultPlan
+from framebatch_tools.chaos.processes import alive, cmdline, descendants, wait_until
 from framebatch_tools.chaos.report import ChaosReport, FaultResult
+from framebatch_tools.chaos.split import SPLIT_FAULTS
 from pipeline.config import RedisConfig
 from pipeline.ledger.accounting import Accounting
 from pipeline.ledger.acks import FrameAcks
@@ -108,49 +109,6 @@ class Collector:
         )
 
 
-def _children(pid: int) -> set[int]:
-    """Every live process below ``pid``."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
-def _running(pids: set[int]) -> set[int]:
-    alive = set()
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state != "Z":
-            alive.add(pid)
-    return alive
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-def _wait(condition: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return condition()
-
-
 class Chaos:
     """One seeded run: ``run()`` returns the report; every process it starts, it stops."""
 
@@ -160,21 +118,15 @@ class Chaos:
         model: Path,
         cameras: dict[str, dict[str, Any]],
         rtsp_clip: Path | None,
-        faults: int,
-        seed: int,
-        interval_s: tuple[float, float],
-        kinds: tuple[str, ...],
+        plan: FaultPlan,
         workdir: Path,
         transport: str = "auto",
     ):
         self._model = model
         self._cameras = dict(cameras)
         self._rtsp_clip = rtsp_clip
-        self._faults = faults
-        self._rng = random.Random(seed)
-        self._seed = seed
-        self._interval_s = interval_s
-        self._kinds = kinds
+        self._plan = plan
+        self._rng = plan.rng()
         self._workdir = workdir
         self._transport = transport
         self._aof = workdir / "aof"
@@ -191,17 +143,6 @@ class Chaos:
             shutil.rmtree(self._aof, ignore_errors=True)
         self._aof.mkdir(parents=True, exist_ok=True)
         self._redis = EmbeddedRedis(port=self._port, aof_dir=self._aof).start()
-
-    def _kill_redis(self) -> None:
-        """SIGKILL of redis-server itself (a crash: no shutdown, no final write); its guard
-        then removes its folder and exits."""
-        assert self._redis is not None and self._redis._process is not None
-        guard = self._redis._process
-        for pid in _children(guard.pid):
-            if "redis-server" in _cmdline(pid):
-                os.kill(pid, signal.SIGKILL)
-        guard.wait()
-        self._redis.stop()
 
     def _config(self) -> Path:
         cameras = [{"id": camera, **spec} for camera, spec in self._cameras.items()]
@@ -248,7 +189,7 @@ class Chaos:
 
     def _decoders(self) -> list[int]:
         assert self._daemon is not None
-        return sorted(pid for pid in _children(self._daemon.pid) if "spawn_main" in _cmdline(pid))
+        return sorted(pid for pid in descendants(self._daemon.pid) if "spawn_main" in cmdline(pid))
 
     # --- faults -----------------------------------------------------------------------------
     def _inject(self, kind: str) -> tuple[list[str], float | None]:
@@ -261,7 +202,7 @@ class Chaos:
             if decoders:
                 os.kill(self._rng.choice(decoders), signal.SIGKILL)
         elif kind in ("daemon_kill", "double_sigterm"):
-            tree = _children(self._daemon.pid)
+            tree = descendants(self._daemon.pid)
             rings = self._rings()
             if kind == "daemon_kill":
                 self._daemon.kill()
@@ -270,13 +211,14 @@ class Chaos:
                 time.sleep(0.05)
                 self._daemon.send_signal(signal.SIGTERM)
             self._reap_daemon()
-            if not _wait(lambda: not _running(tree), 15):
-                leftovers += [f"process {pid}: {_cmdline(pid)}" for pid in _running(tree)]
-            if not _wait(lambda: not (rings & self._rings()), 10):
+            if not wait_until(lambda: not alive(tree), 15):
+                leftovers += [f"process {pid}: {cmdline(pid)}" for pid in alive(tree)]
+            if not wait_until(lambda: not (rings & self._rings()), 10):
                 leftovers += [f"shm ring {name}" for name in rings & self._rings()]
             self._start_daemon()
         elif kind in ("redis_restart_aof", "redis_restart_empty"):
-            self._kill_redis()
+            assert self._redis is not None
+            self._redis.crash()
             time.sleep(self._rng.uniform(0.1, 2.0))
             self._start_redis(empty=kind == "redis_restart_empty")
         elif kind in ("rtsp_kill", "rtsp_stop"):
@@ -289,15 +231,6 @@ class Chaos:
             raise ValueError(f"unknown fault {kind!r} (known: {', '.join(FAULTS)})")
         return leftovers, time.time()
 
-    def _schedule(self) -> list[str]:
-        """Rounds of every kind in a seeded order, so that each kind comes up early."""
-        kinds: list[str] = []
-        while len(kinds) < self._faults:
-            round_ = list(self._kinds)
-            self._rng.shuffle(round_)
-            kinds += round_
-        return kinds[: self._faults]
-
     def _rings(self) -> set[str]:
         return {p.name for p in SHM_DIR.glob(f"framebatch-{PREFIX}-*")}
 
@@ -305,7 +238,7 @@ class Chaos:
         """Seconds until every camera has detections of a frame captured after ``since``
         (epoch seconds): frames queued before the fault do not count."""
         cameras = list(self._cameras)
-        flowing = _wait(
+        flowing = wait_until(
             lambda: all(collector.captured.get(c, 0.0) > since for c in cameras),
             RECOVERY_TIMEOUT_S,
         )
@@ -327,8 +260,8 @@ class Chaos:
             self._start_daemon()
             first = self._recovered(collector, time.time())
             log.info("chaos: frames flowing after %s s", first)
-            for index, kind in enumerate(self._schedule()):
-                time.sleep(self._rng.uniform(*self._interval_s))
+            for index, kind in enumerate(self._plan.schedule(self._rng)):
+                time.sleep(self._rng.uniform(*self._plan.interval_s))
                 at = time.monotonic() - self._started
                 leftovers, ended = self._inject(kind)
                 recovered = self._recovered(collector, ended) if ended is not None else None
@@ -364,7 +297,7 @@ class Chaos:
             for a in (collector.audit(camera) for camera in self._cameras)
         ]
         return ChaosReport(
-            self._seed, results, cameras, self._exit_codes, time.monotonic() - self._started
+            self._plan.seed, results, cameras, self._exit_codes, time.monotonic() - self._started
         )
 
 
@@ -387,6 +320,13 @@ def default_cameras(assets: Path, samples: Path) -> dict[str, dict[str, Any]]:
     }
 
 
+def _frame_rate(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 30:
+        raise argparse.ArgumentTypeError(f"frames per second between 0 and 30, not {text}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     repo = Path(__file__).resolve().parents[2]
     parser.add_argument(
@@ -403,9 +343,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--kinds",
-        default=",".join(FAULTS),
         metavar="LIST",
-        help=f"comma-separated faults (default: all of {', '.join(FAULTS)})",
+        help=f"comma-separated faults (default: all of the topology's: {', '.join(FAULTS)}; "
+        f"split: {', '.join(SPLIT_FAULTS)})",
+    )
+    parser.add_argument(
+        "--topology",
+        choices=["one-host", "split"],
+        default="one-host",
+        help="one-host: the daemon (framebatch run) on clips, an RTSP camera and a corrupt "
+        "file; split: registry cameras over two decode and two detect workers on hosts of "
+        "their own (network namespaces: root) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--redis",
+        choices=["single", "cluster"],
+        default="single",
+        help="split: one Redis or a three-master Redis Cluster (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--fps",
+        type=_frame_rate,
+        default=2.0,
+        metavar="FPS",
+        help="split: each camera's frames per second (default %(default)s)",
+    )
+    parser.add_argument(
+        "--cameras",
+        type=int,
+        default=8,
+        metavar="N",
+        help="split: registry cameras, each a tiny clip replayed live (default %(default)s)",
     )
     parser.add_argument(
         "--assets",
@@ -428,10 +396,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.topology == "split":
+        return _main_split(args)
     assets = Path(args.assets)
     model = assets / "models" / "yolov8n_fp32_dynbatch.onnx"
     samples = Path(__file__).resolve().parents[2] / "samples" / "clips"
-    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    kinds = _kinds(args, FAULTS)
     unknown = sorted(set(kinds) - set(FAULTS))
     if unknown or not model.is_file():
         why = f"unknown faults {unknown}" if unknown else f"model not found: {model}"
@@ -446,24 +416,63 @@ def main(args: argparse.Namespace) -> int:
             log.warning("chaos: no RTSP camera: %s", why)
     if rtsp_clip is None:
         kinds = tuple(k for k in kinds if not k.startswith("rtsp")) or ("decoder_kill",)
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="framebatch-chaos-"))
+    workdir = _workdir(args)
     report = Chaos(
         model=model,
         cameras=default_cameras(assets, samples),
         rtsp_clip=rtsp_clip,
-        faults=args.faults,
-        seed=args.seed,
-        interval_s=tuple(args.interval),
-        kinds=kinds,
+        plan=FaultPlan(args.faults, args.seed, tuple(args.interval), kinds),
         workdir=workdir,
         transport=args.transport,
     ).run()
+    return _reported(args, report, workdir)
+
+
+def _kinds(args: argparse.Namespace, known: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(k.strip() for k in (args.kinds or ",".join(known)).split(",") if k.strip())
+
+
+def _workdir(args: argparse.Namespace) -> Path:
+    return Path(args.workdir or tempfile.mkdtemp(prefix="framebatch-chaos-"))
+
+
+def _reported(args: argparse.Namespace, report: ChaosReport, workdir: Path) -> int:
     print(report.format())
     if args.output:
         Path(args.output).write_text(json.dumps(report.to_json(), indent=2))
     failed = report.unaccounted or report.survived < len(report.faults)
     if failed or args.workdir:
-        print(f"daemon logs and Redis files: {workdir}")
+        print(f"logs and Redis files: {workdir}")
     else:
         shutil.rmtree(workdir, ignore_errors=True)  # a temp folder, nothing to look into
     return 1 if failed else 0
+
+
+def _main_split(args: argparse.Namespace) -> int:
+    from framebatch_tools.chaos.split import run_split  # with the fleet benchmark's parts
+    from framebatch_tools.netns import netns_available
+
+    kinds = _kinds(args, SPLIT_FAULTS)
+    unknown = sorted(set(kinds) - set(SPLIT_FAULTS))
+    available, why = netns_available()
+    if unknown or not available or args.cameras < 1:
+        problem = (
+            f"unknown faults {unknown}"
+            if unknown
+            else f"--topology split needs network namespaces: {why}"
+            if not available
+            else "--cameras: at least 1"
+        )
+        print(f"framebatch chaos: {problem}", file=sys.stderr)
+        return 2
+    workdir = _workdir(args)
+    # stopped by a signal, the hosts and their processes are still taken down
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    report = run_split(
+        cameras=args.cameras,
+        fps=args.fps,
+        cluster=args.redis == "cluster",
+        plan=FaultPlan(args.faults, args.seed, tuple(args.interval), kinds),
+        workdir=workdir,
+    )
+    return _reported(args, report, workdir)
