@@ -29,18 +29,23 @@ def ensure_group(
 
 def all_read(client: redis.Redis, key: str, group: str = FRAMES_GROUP) -> bool:
     """Every entry of the stream delivered to the group and acknowledged: a stream nothing
-    more is written to has been read to its end.  Redis 7's lag says so; where it cannot be
-    known (entries deleted inside the stream), the last id delivered is the stream's last."""
+    more is written to has been read to its end.  Said by the last id delivered being the
+    stream's last (a group delivers in id order), not by Redis 7's lag: the group's count of
+    entries read behind it can be wrong after Redis restarts from its append-only file (a
+    stream read to its end showed lag 57, and its camera was never retired)."""
     for info in client.xinfo_groups(key):
         if _text(info["name"]) != group:
             continue
         if info["pending"]:
             return False
-        if info.get("lag") is not None:
-            return info["lag"] == 0
         last = client.xinfo_stream(key)["last-generated-id"]
-        return _text(info["last-delivered-id"]) == _text(last)
+        return _stream_id(info["last-delivered-id"]) >= _stream_id(last)
     return False
+
+
+def _stream_id(value: bytes | str) -> tuple[int, int]:
+    milliseconds, _, sequence = _text(value).partition("-")
+    return int(milliseconds), int(sequence or 0)
 
 
 def _text(value: bytes | str) -> str:
