@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import redis
+from redis.exceptions import ClusterDownError, TryAgainError
 
 from streams.keys import StreamKeys
 from streams.messages import EndOfStream, session_progress
@@ -147,6 +148,11 @@ class SessionFence:
                     pipe.execute()
                 except redis.WatchError:
                     continue  # renewed, or taken, meanwhile: looked at again
+                except (ClusterDownError, TryAgainError) as error:
+                    # a cluster going down under WATCH and the look, which run outside the
+                    # pipeline's riding out: said as the outage it is (a live camera sheds
+                    # its frames meanwhile; it crashed its decoder, restarted after a backoff)
+                    raise redis.ConnectionError(f"Redis Cluster unreachable: {error}") from error
             return
 
     def _check(self, owner: bytes | None, session: bytes | None, mine: str) -> None:
@@ -230,6 +236,49 @@ def end_session_in_progress(
         if client.get(keys.decode_lease(camera)) not in (None, lease.worker.encode()):
             return None  # another worker's now: its to end
         # the session wrote again (alive, its lease free): read its progress again
+
+
+def end_sessions_in_progress(
+    client: redis.Redis,
+    keys: StreamKeys,
+    cameras: list[str],
+    lease: DecodeLease,
+    message: Callable[[str], str],
+    *,
+    final: Callable[[str], bool],
+) -> dict[str, EndOfStream]:
+    """:func:`end_session_in_progress` for many cameras (a worker taking over a lost one's):
+    their progress read in one pipeline, their sessions ended in another; a camera whose end
+    was refused (its session wrote again, or its lease is taken) is tried again alone.  The
+    sessions ended, by camera."""
+    pipe = client.pipeline(transaction=False)
+    for camera in cameras:
+        pipe.hgetall(keys.progress(camera))
+    found: dict[str, EndOfStream] = {}
+    for camera, fields in zip(cameras, pipe.execute(), strict=True):
+        progress = session_progress(fields)
+        if progress is not None:
+            session, frames, redis_down = progress
+            found[camera] = EndOfStream(
+                camera, frames, "crashed", message(camera), session=session, redis_down=redis_down
+            )
+    pipe = client.pipeline(transaction=False)
+    for camera, end in found.items():
+        flag = "1" if final(camera) else "0"
+        args = [lease.worker, lease.ttl_ms, end.session, flag, *_pairs(end.to_fields())]
+        pipe.eval(_END_IN_PROGRESS, 4, *_keys(keys, camera), *args)
+    ended: dict[str, EndOfStream] = {}
+    for (camera, end), done in zip(found.items(), pipe.execute(), strict=True):
+        again = (
+            None
+            if done
+            else end_session_in_progress(
+                client, keys, camera, lease, message(camera), final=final(camera)
+            )
+        )
+        if done or again is not None:
+            ended[camera] = end if done else again
+    return ended
 
 
 def file_decoded(client: redis.Redis, keys: StreamKeys, camera: str) -> bool:
