@@ -33,6 +33,24 @@ class EventLog:
         except OUTAGE_ERRORS as exc:
             log.warning("camera %s: %s %s (event not in Redis: %s)", camera, event, message, exc)
 
+    def emit_each(self, events: list[tuple[str, str, str]]) -> None:
+        """``(camera, event, message)`` events in one round trip, best effort as ``emit``."""
+        if not events:
+            return
+        pipe = self._redis.pipeline(transaction=False)
+        for camera, event, message in events:
+            fields = {"camera": camera, "event": event, "message": message}
+            pipe.xadd(
+                self._key,
+                {**fields, "time": repr(time.time())},
+                maxlen=EVENTS_MAXLEN,
+                approximate=True,
+            )
+        try:
+            pipe.execute()
+        except OUTAGE_ERRORS as exc:
+            log.warning("%d events not in Redis: %s", len(events), exc)
+
     def last_id(self) -> str:
         """The newest event's id (``"0"`` when none): read after it to see only new events."""
         newest = self._redis.xrevrange(self._key, count=1)

@@ -52,7 +52,13 @@ from pipeline.supervisor.decoders import DecoderSupervisor
 from pipeline.supervisor.part import Part
 from pipeline.supervisor.services import Services
 from streams.events import EventLog
-from streams.fence import DecodeLease, end_session_in_progress, fence_probes, file_decoded
+from streams.fence import (
+    DecodeLease,
+    end_session_in_progress,
+    end_sessions_in_progress,
+    fence_probes,
+    file_decoded,
+)
 from streams.redis_errors import OUTAGE_ERRORS
 
 log = logging.getLogger(__name__)
@@ -270,49 +276,61 @@ class ShardedDecoders(Part):
             elif not self._decoders.known(camera) or not self._decoders.running(camera):
                 self._leases.release(camera)
                 log.info("camera %s: handed over", camera)
-        for camera in sorted(self._leases.held):
-            if camera in self._removing:
-                self._stop_removed(camera)
-            else:
-                self._run(camera)
+        for camera in sorted(self._leases.held & self._removing):
+            self._stop_removed(camera)
+        self._start(sorted(self._leases.held - self._removing))
         for camera in sorted(self._removing - self._said_stopped):
             if camera in self._done:  # a file decoded: no decoder runs it anywhere
                 self._registry.decoder_stopped(camera)
                 self._said_stopped.add(camera)
 
     def _run(self, camera: str) -> None:
-        if camera in self._done or self._decoders.decoding(camera):
+        self._start([camera])
+
+    def _start(self, cameras: list[str]) -> None:
+        """Decoders started for cameras held here and not decoded yet, the sessions their lost
+        worker left ended first: all in a few round trips, so a worker taking over a lost
+        host's hundreds of cameras starts them at once, not one after another."""
+        ready = []
+        for camera in cameras:
+            if camera in self._done or self._decoders.decoding(camera):
+                continue
+            if self._decoders.known(camera) and self._decoders.running(camera):
+                continue  # a decoder stopping (abandoned, handed over): its thread exits first
+            if self._is_file(camera) and file_decoded(self._client, self._keys, camera):
+                self._file_done(camera)
+                continue
+            ready.append(camera)
+        if not ready:
             return
-        if self._decoders.known(camera) and self._decoders.running(camera):
-            return  # a decoder stopping (abandoned, handed over): its thread exits first
-        file_job = self._is_file(camera)
-        if file_job and file_decoded(self._client, self._keys, camera):
-            self._file_done(camera)
-            return
-        ended = end_session_in_progress(
+        ended = end_sessions_in_progress(
             self._client,
             self._keys,
-            camera,
+            ready,
             self._lease,
-            f"camera {camera!r}: its decode worker was lost (died, or cut off past its lease)",
-            final=file_job,
+            lambda c: f"camera {c!r}: its decode worker was lost (died, or cut off past its lease)",
+            final=self._is_file,
         )
-        if ended is not None:
+        for camera, end in ended.items():
             log.warning(
                 "camera %s: session %s of a decode worker lost ended at %d frames",
                 camera,
-                ended.session,
-                ended.frames,
+                end.session,
+                end.frames,
             )
-            EventLog(self._client, self._keys).emit(camera, "crashed", ended.error)
-            self._decoders.keep_end(camera, ended.to_fields())
-            if file_job:
-                self._file_done(camera)
-                return
-        if self._services.states.state(camera) is None:  # this worker's cameras, in its API
-            self._services.show_camera(self._cameras[camera])
-        self._decoders.add(self._cameras[camera])
-        log.info("camera %s: decoded here from now (a new session)", camera)
+        EventLog(self._client, self._keys).emit_each(
+            [(camera, "crashed", end.error) for camera, end in ended.items()]
+        )
+        for camera in ready:
+            if camera in ended:
+                self._decoders.keep_end(camera, ended[camera].to_fields())
+                if self._is_file(camera):
+                    self._file_done(camera)
+                    continue
+            if self._services.states.state(camera) is None:  # this worker's cameras, in its API
+                self._services.show_camera(self._cameras[camera])
+            self._decoders.add(self._cameras[camera])
+            log.info("camera %s: decoded here from now (a new session)", camera)
 
     def _stop_removed(self, camera: str) -> None:
         if self._decoders.decoding(camera):

@@ -16,6 +16,7 @@ from streams.fence import (
     SessionFence,
     claim_session,
     end_session_in_progress,
+    end_sessions_in_progress,
     file_decoded,
 )
 from streams.keys import StreamKeys
@@ -139,6 +140,40 @@ def test_a_session_is_ended_once_and_only_by_the_lease_holder(redis_client, keys
     )
     assert mine is None
     assert [kind for kind, _ in entries(redis_client, keys, "cam")] == ["frame", "end"]
+
+
+def test_a_lost_workers_sessions_are_ended_together_as_one_by_one(redis_client, keys):
+    """A worker taking over a lost one's cameras ends their sessions in two round trips, as
+    it would one by one: a file's marks it decoded; a camera with no session in progress, or
+    whose lease is another worker's, is left alone."""
+    sessions = {"c1": "s1", "c2": "s2", "clip": "s3", "theirs": "s4"}
+    for camera, session in sessions.items():
+        redis_client.set(keys.decode_lease(camera), "a")
+        fence = claimed(redis_client, keys, camera, A, session, final=camera == "clip")
+        for seq in range(2):
+            fence.frame(redis_client, *frame(session, seq), maxlen=None)
+    for camera in ("c1", "c2", "clip", "idle"):
+        redis_client.set(keys.decode_lease(camera), "b")  # a was lost; b took these
+    redis_client.set(keys.decode_lease("theirs"), "c")
+    ended = end_sessions_in_progress(
+        redis_client,
+        keys,
+        ["c1", "c2", "clip", "idle", "theirs"],
+        B,
+        lambda camera: f"{camera}: a was lost",
+        final=lambda camera: camera == "clip",
+    )
+    assert sorted(ended) == ["c1", "c2", "clip"]
+    for camera, end in ended.items():
+        assert (end.session, end.frames, end.reason) == (sessions[camera], 2, "crashed")
+        assert end.error == f"{camera}: a was lost"
+        assert entries(redis_client, keys, camera) == [("frame", sessions[camera])] * 2 + [
+            ("end", sessions[camera])
+        ]
+        assert session_progress(redis_client.hgetall(keys.progress(camera))) is None
+    assert file_decoded(redis_client, keys, "clip") and not file_decoded(redis_client, keys, "c1")
+    assert session_progress(redis_client.hgetall(keys.progress("theirs")))[0] == "s4"
+    assert entries(redis_client, keys, "theirs") == [("frame", "s4")] * 2
 
 
 def test_decode_and_detector_leases_are_apart(redis_client, keys):
