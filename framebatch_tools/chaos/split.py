@@ -55,7 +55,7 @@ from framebatch_tools.chaos.report import ChaosReport, FaultResult
 from framebatch_tools.local_cluster import LocalRedisCluster
 from framebatch_tools.netns import Hosts
 from pipeline.config import CameraConfig
-from pipeline.fleet.registry import CameraRegistry
+from pipeline.fleet.registry import CameraRegistry, RegistryConflict
 from samples.generate import encode
 from streams.embedded_redis import EmbeddedRedis
 from streams.keys import StreamKeys
@@ -238,10 +238,13 @@ class SplitChaos:
         if kind == "registry_change":
             camera = self._rng.choice(self._cameras)
             registry = CameraRegistry(client, StreamKeys(PREFIX))
-            registry.remove(camera)
-            if not wait_until(lambda: registry.get(camera) is None, RECOVERY_TIMEOUT_S):
-                leftovers.append(f"camera {camera}: never retired")
-            registry.add(CameraConfig(**camera_entry(camera, clip, self._fps)))
+            try:
+                registry.remove(camera)
+                if not wait_until(lambda: registry.get(camera) is None, RECOVERY_TIMEOUT_S):
+                    return camera, [f"camera {camera}: removed, never retired"], None
+                registry.add(CameraConfig(**camera_entry(camera, clip, self._fps)))
+            except RegistryConflict as refused:
+                leftovers.append(f"camera {camera}: {refused}")
             return camera, leftovers, None
         raise ValueError(f"unknown fault {kind!r} (known: {', '.join(SPLIT_FAULTS)})")
 
