@@ -266,7 +266,8 @@ def end_sessions_in_progress(
     for camera, end in found.items():
         flag = "1" if final(camera) else "0"
         args = [lease.worker, lease.ttl_ms, end.session, flag, *_pairs(end.to_fields())]
-        pipe.eval(_END_IN_PROGRESS, 4, *_keys(keys, camera), *args)
+        # EVAL as a plain command: a cluster's pipeline has no eval() of its own
+        pipe.execute_command("EVAL", _END_IN_PROGRESS, 4, *_keys(keys, camera), *args)
     ended: dict[str, EndOfStream] = {}
     for (camera, end), done in zip(found.items(), pipe.execute(), strict=True):
         again = (

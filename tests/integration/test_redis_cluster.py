@@ -18,6 +18,7 @@ from redis.cluster import key_slot
 from framebatch_tools.local_cluster import LocalRedisCluster
 from pipeline.fleet.registry import registry_probes
 from pipeline.leases.camera_leases import lease_probes
+from streams.fence import DecodeLease, claim_session, end_sessions_in_progress
 from streams.keys import StreamKeys
 from streams.redis_access import check_access
 from streams.redis_cluster import GroupsMissing, SlotTransactions, read_streams
@@ -53,6 +54,29 @@ def test_the_cameras_of_the_test_spread_over_every_node(cluster):
         per_camera = [keys.frames, keys.detections, keys.ledger, keys.progress, keys.lease]
         slots = {key_slot(make(camera).encode()) for make in [*per_camera, keys.cursor]}
         assert len(slots) == 1
+
+
+def test_a_lost_decode_workers_sessions_are_ended_together_across_the_nodes(cluster):
+    """The take-over's batched end (one pipeline of EVALs, a round trip per node) on cameras
+    whose keys live on every node."""
+    keys = StreamKeys(f"{PREFIX}-end")
+    lost, taker = DecodeLease("lost", 5000), DecodeLease("taker", 5000)
+    client = connect(cluster.url, cluster=True)
+    try:
+        for camera in CAMERAS:
+            client.set(keys.decode_lease(camera), "lost")
+            assert claim_session(client, keys, camera, lost, f"s-{camera}", final=False)
+            client.set(keys.decode_lease(camera), "taker")
+        ended = end_sessions_in_progress(
+            client, keys, CAMERAS, taker, lambda c: f"{c}: lost", final=lambda c: False
+        )
+        assert sorted(ended) == sorted(CAMERAS)
+        for camera in CAMERAS:
+            ((_id, fields),) = client.xrange(keys.frames(camera))
+            assert fields[b"session"] == f"s-{camera}".encode() and fields[b"reason"] == b"crashed"
+            assert not client.exists(keys.progress(camera))
+    finally:
+        client.close()
 
 
 def test_split_roles_on_a_cluster_lose_nothing_when_a_worker_dies(cluster, tmp_path):
