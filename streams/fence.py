@@ -150,8 +150,8 @@ class SessionFence:
                     continue  # renewed, or taken, meanwhile: looked at again
                 except (ClusterDownError, TryAgainError) as error:
                     # a cluster going down under WATCH and the look, which run outside the
-                    # pipeline's riding out: said as the outage it is (a live camera sheds
-                    # its frames meanwhile; it crashed its decoder, restarted after a backoff)
+                    # pipeline's riding out: said as the outage it is, so a live camera sheds
+                    # its frames meanwhile (it used to crash its decoder into a restart backoff)
                     raise redis.ConnectionError(f"Redis Cluster unreachable: {error}") from error
             return
 
@@ -270,15 +270,12 @@ def end_sessions_in_progress(
         pipe.execute_command("EVAL", _END_IN_PROGRESS, 4, *_keys(keys, camera), *args)
     ended: dict[str, EndOfStream] = {}
     for (camera, end), done in zip(found.items(), pipe.execute(), strict=True):
-        again = (
-            None
-            if done
-            else end_session_in_progress(
+        if not done:  # refused: its session wrote again, or the lease is another's now
+            end = end_session_in_progress(
                 client, keys, camera, lease, message(camera), final=final(camera)
             )
-        )
-        if done or again is not None:
-            ended[camera] = end if done else again
+        if end is not None:
+            ended[camera] = end
     return ended
 
 

@@ -31,10 +31,9 @@ from typing import Any
 import yaml
 
 from framebatch_tools.audit import CameraAudit, audit_entries
-from framebatch_tools.chaos.plan import FaultPlan
+from framebatch_tools.chaos.plan import SPLIT_FAULTS, FaultPlan
 from framebatch_tools.chaos.processes import alive, cmdline, descendants, wait_until
 from framebatch_tools.chaos.report import ChaosReport, FaultResult
-from framebatch_tools.chaos.split import SPLIT_FAULTS
 from pipeline.config import RedisConfig
 from pipeline.ledger.accounting import Accounting
 from pipeline.ledger.acks import FrameAcks

@@ -5,6 +5,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+#: the faults of ``framebatch chaos --topology split`` (``framebatch_tools.chaos.split``), here
+#: so that naming them imports nothing of the fleet's (its clip generator is not installed)
+SPLIT_FAULTS = ("decode_kill", "detect_kill", "host_cut", "redis_restart", "registry_change")
+
 
 @dataclass(frozen=True)
 class FaultPlan:

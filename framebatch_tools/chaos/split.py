@@ -49,7 +49,7 @@ from framebatch_tools.bench.fleet import (
     write_config,
 )
 from framebatch_tools.bench.scale import ServiceTime
-from framebatch_tools.chaos.plan import FaultPlan
+from framebatch_tools.chaos.plan import SPLIT_FAULTS, FaultPlan
 from framebatch_tools.chaos.processes import alive, cmdline, descendants, wait_until
 from framebatch_tools.chaos.report import ChaosReport, FaultResult
 from framebatch_tools.local_cluster import LocalRedisCluster
@@ -61,7 +61,6 @@ from streams.embedded_redis import EmbeddedRedis
 from streams.keys import StreamKeys
 from streams.redis_connect import connect
 
-SPLIT_FAULTS = ("decode_kill", "detect_kill", "host_cut", "redis_restart", "registry_change")
 DECODERS = ("dec1", "dec2")
 DETECTORS = ("det1", "det2")
 REDIS_PORT = 6379

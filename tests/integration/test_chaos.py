@@ -17,8 +17,7 @@ import sys
 import pytest
 
 from framebatch_tools.chaos.faults import Chaos, default_cameras
-from framebatch_tools.chaos.plan import FaultPlan
-from framebatch_tools.chaos.split import SPLIT_FAULTS
+from framebatch_tools.chaos.plan import SPLIT_FAULTS, FaultPlan
 from framebatch_tools.netns import netns_available
 from streams.rtsp_replay import rtsp_server_available
 from tests.conftest import ASSETS, MODEL, SAMPLE_CLIPS
