@@ -448,8 +448,13 @@ def _reported(args: argparse.Namespace, report: ChaosReport, workdir: Path) -> i
 
 
 def _main_split(args: argparse.Namespace) -> int:
-    from framebatch_tools.chaos.split import run_split  # with the fleet benchmark's parts
     from framebatch_tools.netns import netns_available
+
+    try:
+        from framebatch_tools.chaos.split import run_split  # with the fleet benchmark's parts
+    except ModuleNotFoundError as missing:  # its clip generator (samples/) is not installed
+        print(f"framebatch chaos --topology split: needs a checkout ({missing})", file=sys.stderr)
+        return 2
 
     kinds = _kinds(args, SPLIT_FAULTS)
     unknown = sorted(set(kinds) - set(SPLIT_FAULTS))
