@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from importlib import metadata as package_metadata
@@ -160,10 +161,45 @@ def _export_torchscript(request: ExportRequest) -> Path:
     import torch
 
     model, example, facts = _load_for_export(request)
-    with torch.no_grad():
+    with torch.no_grad(), _anchors_on_the_input_device():
         traced = torch.jit.trace(model, example, strict=False, check_trace=False)
     traced.save(str(request.target), _extra_files={"config.txt": json.dumps(facts)})
     return request.target
+
+
+@contextmanager
+def _anchors_on_the_input_device() -> Iterator[None]:
+    """While tracing, the Detect head makes its anchor grid on the input's device.
+
+    A trace records every ``device=`` as a constant.  Ultralytics 8.3's ``make_anchors`` makes
+    the grid with ``device=`` the feature map's, so a file traced on the CPU fails on CUDA
+    ("Expected all tensors to be on the same device"); 8.4 makes it on the CPU and moves it
+    with ``type_as``.  The head's reference is swapped for :func:`_anchor_grid`, which does the
+    same as 8.4 whatever version is installed."""
+    from ultralytics.nn.modules import head
+
+    original = head.make_anchors
+    head.make_anchors = _anchor_grid
+    try:
+        yield
+    finally:
+        head.make_anchors = original
+
+
+def _anchor_grid(feats: Any, strides: Any, grid_cell_offset: float = 0.5) -> tuple[Any, Any]:
+    """Each feature map's cell centres ``(A, 2)`` and their strides ``(A, 1)``, made where the
+    feature maps are by operations a trace records against them (``type_as``, ``new_full``)."""
+    import torch
+
+    points, stride_rows = [], []
+    for level, feat in enumerate(feats):
+        height, width = feat.shape[2:]
+        xs = torch.arange(width).type_as(feat) + grid_cell_offset
+        ys = torch.arange(height).type_as(feat) + grid_cell_offset
+        grid_y, grid_x = torch.meshgrid(ys, xs, indexing="ij")
+        points.append(torch.stack((grid_x, grid_y), -1).view(-1, 2))
+        stride_rows.append(feat.new_full((height * width, 1), float(strides[level])))
+    return torch.cat(points), torch.cat(stride_rows)
 
 
 def _export_engine(request: ExportRequest) -> Path:

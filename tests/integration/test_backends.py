@@ -79,6 +79,58 @@ def exported(assets, tmp_path_factory) -> dict[str, Path]:
     }
 
 
+def device_bound_ops(path: Path) -> list[str]:
+    """Operations of a traced file that make or move a tensor to a device fixed when it was
+    traced, other than a grid made on it and moved at once to the input's (``type_as``): on
+    another device they meet tensors there and fail."""
+    import torch
+
+    bound = []
+    for node in torch.jit.load(str(path)).inlined_graph.nodes():
+        fixed = [
+            i
+            for i in node.inputs()
+            if i.type().kind() == "DeviceObjType" and i.node().kind() == "prim::Constant"
+        ]
+        if not fixed:
+            continue
+        uses = [use.user.kind() for out in node.outputs() for use in out.uses()]
+        if node.kind() != "aten::arange" or set(uses) - {"aten::type_as"}:
+            bound.append(f"{node.kind()} used by {uses}")
+    return bound
+
+
+def simulated_ultralytics_83_make_anchors(feats, strides, grid_cell_offset=0.5):
+    """Ultralytics 8.3's anchor grid: made with ``device=`` the feature maps', which a trace
+    freezes (8.4 moves a CPU grid with ``type_as`` instead)."""
+    import torch
+
+    points, rows = [], []
+    for level, feat in enumerate(feats):
+        _, _, height, width = feat.shape
+        xs = torch.arange(end=width, device=feat.device, dtype=feat.dtype) + grid_cell_offset
+        ys = torch.arange(end=height, device=feat.device, dtype=feat.dtype) + grid_cell_offset
+        grid_y, grid_x = torch.meshgrid(ys, xs, indexing="ij")
+        points.append(torch.stack((grid_x, grid_y), -1).view(-1, 2))
+        rows.append(
+            torch.full((height * width, 1), strides[level], dtype=feat.dtype, device=feat.device)
+        )
+    return torch.cat(points), torch.cat(rows)
+
+
+def test_a_torchscript_traced_on_the_cpu_runs_on_other_devices(exported, tmp_path, monkeypatch):
+    """``framebatch export --format torchscript`` traces on the CPU (the lent GPU machine has no
+    Ultralytics): nothing in the file may stay bound to the CPU, whichever Ultralytics made it."""
+    from ultralytics.nn.modules import head
+
+    from detectors.export import ExportRequest, export
+
+    assert not device_bound_ops(exported["torchscript"])
+    monkeypatch.setattr(head, "make_anchors", simulated_ultralytics_83_make_anchors)
+    older = export(ExportRequest(CHECKPOINT, "torchscript", output=tmp_path / "older.torchscript"))
+    assert not device_bound_ops(older)
+
+
 def run_batched(detector: Detector, frames: list[np.ndarray], batch: int = 8) -> list:
     results = []
     for start in range(0, len(frames), batch):
