@@ -44,6 +44,9 @@ class ModelInfo:
     # CUDA); False where one run warms every size (ONNX Runtime's CPU provider: its first batch
     # of 8 takes as long as its second)
     warms_per_size: bool = True
+    # warm-up captures CUDA graphs: a capture fails if another thread works on the device
+    # meanwhile (``capture_error_mode="global"``), so instances warm up one after another
+    warms_alone: bool = False
 
     def label(self, class_id: int) -> str:
         names = self.class_names

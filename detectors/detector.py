@@ -115,7 +115,12 @@ class Detector:
         return samples
 
     def _on_every_instance(self, work: Callable[[int], None]) -> None:
-        with ThreadPoolExecutor(self.instances, thread_name_prefix="fb-warmup") as pool:
+        """``work`` for each instance, side by side; one after another where an instance's
+        warm-up captures CUDA graphs, which another thread's device work would break."""
+        alone = any(backend.info.warms_alone for backend in self._backends)
+        with ThreadPoolExecutor(
+            1 if alone else self.instances, thread_name_prefix="fb-warmup"
+        ) as pool:
             list(pool.map(work, range(self.instances)))  # list(): re-raises a failure
 
     def close(self) -> None:

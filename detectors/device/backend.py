@@ -48,7 +48,6 @@ class DeviceBackend:
         options: BackendOptions,
         graphs_allowed: bool = True,
     ):
-        self.info = info
         max_batch = min(options.max_batch, info.max_batch or options.max_batch)
         self._runner = DeviceRunner(
             model,
@@ -58,6 +57,7 @@ class DeviceBackend:
             options=replace(options, max_batch=max_batch),
             graphs_allowed=graphs_allowed,
         )
+        self.info = replace(info, warms_alone=self._runner.captures_graphs)
 
     def prepare(self, images: Sequence[np.ndarray]) -> StagedBatch:
         return self._runner.stage(images)

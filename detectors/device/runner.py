@@ -64,12 +64,15 @@ class _Slot:
 
 @dataclass(frozen=True)
 class StagedBatch:
-    """A batch in a slot; on CUDA its upload may still be in flight."""
+    """A batch in a slot of ``owner``; on CUDA its upload may still be in flight.  Another
+    runner of the same model (an instance on another thread) may run it: the slot goes back to
+    its owner's pool, or that runner's reader would run out of slots and wait for ever."""
 
     slot: _Slot
     size: int
     height: int
     width: int
+    owner: DeviceRunner
 
     def on_device(self) -> torch.Tensor:
         return self.slot.batch(self.size, self.height, self.width)[1]
@@ -138,7 +141,7 @@ class DeviceRunner:
         self._options = options
         self.device = torch.device(options.device)
         self.cuda = self.device.type == "cuda"
-        self._graphs_on = options.cuda_graphs and graphs_allowed and self.cuda
+        self.captures_graphs = options.cuda_graphs and graphs_allowed and self.cuda
         self._graphs: dict[tuple[int, int, int], _GraphedForward] = {}  # (size, H, W)
         self._height, self._width = height, width
         self._free: queue.Queue[_Slot] = queue.Queue()
@@ -181,11 +184,13 @@ class DeviceRunner:
             with torch.cuda.stream(self._upload_stream):
                 device.copy_(slot.host_batch(size, height, width), non_blocking=True)
                 slot.uploaded.record(self._upload_stream)
-        return StagedBatch(slot, size, height, width)
+        return StagedBatch(slot, size, height, width, self)
 
     def run(self, staged: StagedBatch) -> np.ndarray | list[InputDetections]:
-        """Run a staged batch to the end; returns NMS results (or the raw output, ``nms: host``)."""
-        slot, size = staged.slot, staged.size
+        """Run a staged batch to the end; returns NMS results (or the raw output, ``nms: host``).
+        The batch may have been staged by another runner of the same device (instances share
+        the reader that prepares): this runner's compute stream waits for that one's upload."""
+        slot, size, owner = staged.slot, staged.size, staged.owner
         try:
             stream = torch.cuda.stream(self._compute_stream) if self.cuda else nullcontext()
             with stream, torch.inference_mode():
@@ -202,11 +207,11 @@ class DeviceRunner:
                 return self._nms_to_host(raw)
         except BaseException:
             if self.cuda:  # the device may still read the slot: wait before it is reused
-                self._upload_stream.synchronize()
+                owner._upload_stream.synchronize()
                 self._compute_stream.synchronize()
             raise
         finally:
-            self._free.put(slot)  # its batch has finished on the device (synchronised above)
+            owner._free.put(slot)  # its batch has finished on the device (synchronised above)
 
     def _forward(self, images: torch.Tensor) -> torch.Tensor:
         graph = self._graphs.get(tuple(images.shape[:3]))  # (size, height, width)
@@ -216,8 +221,9 @@ class DeviceRunner:
         return self._model(normalise(images, self._dtype))
 
     def _nms_to_host(self, raw: torch.Tensor) -> list[InputDetections]:
-        # NMS itself makes the host wait once for the batch's candidates (their number decides
-        # the shapes); after it only the kept rows and the counts come back
+        # NMS makes the host wait where a count decides a shape: the candidates above the
+        # score threshold, the per-image caps on candidates and on kept boxes (boolean masks),
+        # and the NMS kernel's kept list; after it only the kept rows and the counts come back
         packed = decode_nms(raw, self._options.thresholds)
         if self.cuda:
             kept, images = len(packed.rows), len(packed.counts)
@@ -239,14 +245,14 @@ class DeviceRunner:
     def warmup(self, batch_sizes: Sequence[int]) -> None:
         """Run each size (lazy init, autotuning, JIT); capture its CUDA graph when enabled."""
         device = torch.cuda.device(self.device) if self.cuda else nullcontext()
-        pool = torch.cuda.graph_pool_handle() if self._graphs_on else None  # shared by sizes
+        pool = torch.cuda.graph_pool_handle() if self.captures_graphs else None  # shared by sizes
         with device:
             for size in batch_sizes:
                 blank = [np.full((self._height, self._width, 3), 114, np.uint8)] * size
                 for _ in range(WARMUP_RUNS):
                     self.run(self.stage(blank))
                 key = (size, self._height, self._width)
-                if self._graphs_on and key not in self._graphs:
+                if self.captures_graphs and key not in self._graphs:
                     with torch.inference_mode():
                         example = torch.full((*key, 3), 114, dtype=torch.uint8, device=self.device)
                         self._graphs[key] = _GraphedForward(self._normalised_model, example, pool)

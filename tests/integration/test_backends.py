@@ -190,6 +190,41 @@ def test_torch_results_do_not_depend_on_the_batch(exported, clip_frames):
         assert not unmatched(labeled(one), labeled(batched), min_iou=0.999)
 
 
+def test_a_second_instance_runs_batches_the_first_prepared(exported, clip_frames):
+    """The pipeline's reader prepares every batch on the first instance and whichever inference
+    thread is free runs it: each slot must go back to the instance that staged it, or the first
+    one's pool runs dry after a few batches and the reader waits for ever."""
+    import threading
+
+    path = exported["torchscript"]
+    detector = Detector(
+        load_backend(path, threads=1, max_batch=2),
+        thresholds=Thresholds(),
+        instances=[load_backend(path, threads=1, max_batch=2)],
+    )
+    frames = clip_frames[CLIPS[1]][:2]
+    letterbox = detector.letterbox()
+    boxed = [letterbox(frame) for frame in frames]
+    geometries = [b.geometry for b in boxed]
+    reference = detector.postprocess(
+        detector.infer(detector.prepare([b.pixels for b in boxed])), geometries
+    )
+    results: list = []
+
+    def run_on_the_second() -> None:
+        for _ in range(8):  # more batches than an instance has slots
+            prepared = detector.prepare([b.pixels for b in boxed])
+            results.append(detector.postprocess(detector.infer(prepared, instance=1), geometries))
+
+    runner = threading.Thread(target=run_on_the_second, daemon=True)
+    runner.start()
+    runner.join(timeout=120)  # a hang never ends; the 8 batches take about a second
+    assert not runner.is_alive(), f"stuck after {len(results)} batches: a slot went astray"
+    for found in results:
+        for mine, theirs in zip(reference, found, strict=True):
+            assert not unmatched(labeled(mine), labeled(theirs), min_iou=0.999)
+
+
 @pytest.mark.parametrize("nms", ["device", "host"])
 def test_checkpoint_runs_rectangular_batches_like_onnxruntime(assets, clip_frames, nms):
     """``.pt`` on the device path takes 640x384 batches of 16:9 frames (part of a slot sized

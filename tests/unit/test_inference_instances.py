@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from detectors.base import ModelInfo
+from detectors.detector import Detector
+from detectors.postprocess import Thresholds
 from pipeline.config import parse_config
 from pipeline.supervisor.builders import inference_instances, run_shape
 from tests.unit.test_config import MINIMAL, merged
@@ -54,3 +58,36 @@ def info(any_size: bool) -> ModelInfo:
 def test_warm_up_and_timing_use_the_shape_the_pipeline_runs(rect, any_size, shape):
     config = config_with({"path": "m.onnx", "rect": rect})
     assert run_shape(config, info(any_size)) == shape
+
+
+class FakeWarmingBackend:
+    """Notes whether its warm-up met the other instance's (both inside ``warmup`` at once)."""
+
+    def __init__(self, together: threading.Barrier, *, warms_alone: bool = False):
+        self.info = replace(info(False), warms_alone=warms_alone)
+        self._together = together
+        self.met: bool | None = None
+
+    def warmup(self, batch_sizes) -> None:
+        try:
+            self._together.wait()
+            self.met = True
+        except threading.BrokenBarrierError:  # the other one did not come meanwhile
+            self.met = False
+
+
+def test_instances_warm_up_side_by_side():
+    together = threading.Barrier(2, timeout=60)
+    first, second = (FakeWarmingBackend(together) for _ in range(2))
+    Detector(first, thresholds=Thresholds(), instances=[second]).warmup([1])
+    assert first.met and second.met
+
+
+def test_instances_that_capture_cuda_graphs_warm_up_one_after_another():
+    """A CUDA graph capture fails when another thread works on the device meanwhile: the first
+    instance waits 2 s for the second inside its warm-up, and never meets it."""
+    together = threading.Barrier(2, timeout=2)
+    first = FakeWarmingBackend(together, warms_alone=True)
+    second = FakeWarmingBackend(together)
+    Detector(first, thresholds=Thresholds(), instances=[second]).warmup([1])
+    assert (first.met, second.met) == (False, False)
