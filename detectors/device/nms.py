@@ -79,9 +79,16 @@ def _class_filter(classes: tuple[int, ...], device: torch.device) -> torch.Tenso
     return torch.tensor(classes, device=device)
 
 
+def _per_image(image_index: torch.Tensor, images: int) -> torch.Tensor:
+    """How many entries each image has, computed on the device without waiting for it
+    (``torch.bincount`` on CUDA reads the largest index back to the host first)."""
+    counts = torch.zeros(images, dtype=torch.int64, device=image_index.device)
+    return counts.index_add_(0, image_index, torch.ones_like(image_index))
+
+
 def _first_per_image(image_index: torch.Tensor, limit: int, images: int) -> torch.Tensor:
     """Mask of the first ``limit`` entries of each image (``image_index`` sorted ascending)."""
-    counts = torch.bincount(image_index, minlength=images)
+    counts = _per_image(image_index, images)
     starts = torch.cumsum(counts, 0) - counts
     rank = torch.arange(len(image_index), device=image_index.device) - starts[image_index]
     return rank < limit
@@ -115,4 +122,4 @@ def decode_nms(raw: torch.Tensor, thresholds: Thresholds) -> PackedDetections:
     packed = torch.cat(
         [boxes[keep], cand_scores[keep, None], cand_classes[keep, None].to(boxes.dtype)], dim=1
     )
-    return PackedDetections(packed, torch.bincount(image_index[keep], minlength=images))
+    return PackedDetections(packed, _per_image(image_index[keep], images))
