@@ -28,6 +28,17 @@ from tests.integration.test_backends import CLIPS, labeled, sample_frames  # noq
 pytestmark = [pytest.mark.gpu]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def true_fp32():
+    """cuDNN's convolutions (and matmuls where allowed) run in TF32, a 10-bit mantissa, by
+    default on Ampere and later GPUs: "FP32 on CUDA equals the CPU" holds only with it off."""
+    backends = torch.backends
+    before = backends.cudnn.allow_tf32, backends.cuda.matmul.allow_tf32
+    backends.cudnn.allow_tf32 = backends.cuda.matmul.allow_tf32 = False
+    yield
+    backends.cudnn.allow_tf32, backends.cuda.matmul.allow_tf32 = before
+
+
 @pytest.fixture(scope="module")
 def torchscript(tmp_path_factory) -> Path:
     if os.environ.get("FRAMEBATCH_TORCHSCRIPT"):
