@@ -233,8 +233,11 @@ class TensorRTEngine:
         ):
             raise RuntimeError(f"{self.path}: TensorRT rejected a tensor address")
         stream = torch.cuda.current_stream(self.device)
-        if not context.execute_async_v3(stream.cuda_stream):
-            raise RuntimeError(f"{self.path}: execute_async_v3 failed (see the TensorRT log)")
+        # TensorRT enqueues in the current device's context: a caller on another device (the
+        # INT8 accuracy report on cuda:1, say) would otherwise run it on the wrong one
+        with torch.cuda.device(self.device):
+            if not context.execute_async_v3(stream.cuda_stream):
+                raise RuntimeError(f"{self.path}: execute_async_v3 failed (see the TensorRT log)")
         return output
 
     def close(self) -> None:

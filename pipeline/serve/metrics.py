@@ -15,6 +15,8 @@ Names follow Prometheus conventions: base units (seconds, ratios), ``_total`` on
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 import time
 from collections import deque
@@ -287,23 +289,55 @@ class StateCollector(Collector):
             yield from self._gpus.collect()
 
 
+def nvml_handle(nvml: Any, index: int, visible: str | None = None) -> object:
+    """NVML's handle of the GPU this process calls ``cuda:index``.  NVML numbers every GPU of
+    the machine in PCI bus order, CUDA only those ``CUDA_VISIBLE_DEVICES`` lets it see: the
+    device's UUID is asked of torch where it already runs CUDA, else the index is looked up in
+    ``visible`` (``CUDA_VISIBLE_DEVICES``: indices or ``GPU-``/``MIG-`` UUIDs).  Plain indices
+    there are NVML's when ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (Kubernetes' device plugin sets
+    UUIDs)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        uuid = str(torch.cuda.get_device_properties(index).uuid)
+        return nvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+    if visible is not None:
+        entries = [entry.strip() for entry in visible.split(",") if entry.strip()]
+        if index >= len(entries):
+            raise ValueError(f"CUDA_VISIBLE_DEVICES={visible!r} has no device {index}")
+        entry = entries[index]
+        if entry.startswith(("GPU-", "MIG-")):
+            return nvml.nvmlDeviceGetHandleByUUID(entry)
+        index = int(entry)
+    return nvml.nvmlDeviceGetHandleByIndex(index)
+
+
 class NvmlGpus:
     """GPU utilisation and memory through NVML (``nvidia-ml-py``), when it is installed and
-    finds the devices; otherwise nothing, said once. The ``cuda:N`` index is taken as NVML's
-    index, which holds when ``CUDA_VISIBLE_DEVICES`` is unset (and ``CUDA_DEVICE_ORDER`` is
-    ``PCI_BUS_ID``). Written against pynvml's API; it has never run on a GPU here."""
+    finds the devices; otherwise nothing, said once.  Each ``cuda:N`` the workers run on is
+    found by :func:`nvml_handle`, one by one: a device NVML cannot find is said and left out,
+    the others stay.  Written against pynvml's API; it has never run on a GPU here."""
 
-    def __init__(self, indices: Sequence[int]):
+    def __init__(self, indices: Sequence[int], nvml: Any = None, visible: str | None = None):
+        """``nvml``, ``visible``: pynvml and ``CUDA_VISIBLE_DEVICES`` (defaults: the real
+        ones)."""
         self._handles: list[tuple[str, object]] = []
         self._failed: set[str] = set()
         try:
-            import pynvml
+            if nvml is None:
+                import pynvml as nvml
 
-            pynvml.nvmlInit()
-            self._nvml = pynvml
-            self._handles = [(str(i), pynvml.nvmlDeviceGetHandleByIndex(i)) for i in indices]
+            nvml.nvmlInit()
         except Exception as exc:  # noqa: BLE001 - no NVML: no GPU metrics, the rest stays
             log.warning("no GPU metrics: NVML unavailable (%s)", exc)
+            return
+        self._nvml = nvml
+        if visible is None:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        for index in dict.fromkeys(indices):  # each device once, in order
+            try:
+                self._handles.append((str(index), nvml_handle(nvml, index, visible)))
+            except Exception as exc:  # noqa: BLE001 - that GPU only
+                log.warning("no GPU metrics for cuda:%d: NVML cannot find it (%s)", index, exc)
 
     def collect(self) -> Iterator[Metric]:
         if not self._handles:

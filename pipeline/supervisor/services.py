@@ -12,6 +12,7 @@ from typing import Any
 import redis
 from prometheus_client import CollectorRegistry
 
+from detectors.base import parse_device
 from pipeline.config import CameraConfig, Config
 from pipeline.ledger.accounting import Accounting
 from pipeline.ledger.acks import FrameAcks
@@ -113,7 +114,8 @@ def open_services(
         max_silence_s=config.redis.reconnect_timeout_s + 10,
     )
     stack.callback(control.stopped)
-    gpus = [int(d.split(":")[1]) for d in config.model.worker_devices if ":" in d]
+    devices = [parse_device(device) for device in config.model.worker_devices]
+    gpus = [index for kind, index in devices if kind == "cuda" and index is not None]
     registry.register(StateCollector(control, metrics.utilization, gpus))
     acks = FrameAcks(redis_client=client, keys=keys, ledger_maxlen=config.redis.detections_maxlen)
     services = Services(
