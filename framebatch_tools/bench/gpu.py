@@ -28,6 +28,8 @@ import statistics
 import sys
 import threading
 import time
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -163,7 +165,11 @@ def cpu_name() -> str:
     return f"{model} ({os.cpu_count()} cores)"
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(
+    args: argparse.Namespace, save: Callable[[dict[str, Any]], None] = lambda result: None
+) -> dict[str, Any]:
+    """Every figure asked for; ``save`` is given the result after each step, so a step that
+    fails late (a lent machine's limits) keeps what was measured before it."""
     cuda = args.device.startswith("cuda")
     if cuda:
         import torch
@@ -186,17 +192,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for half in precisions
         for size in sizes
     ]
+    result: dict[str, Any] = {"facts": facts, "throughput": {}, "compared": {}, "ratios": {}}
+    save(result)
     by_size = measure(model, args.device, args.imgsz, sweep, frames, run_s, args.rounds)
     best_label = max(by_size, key=by_size.get)
     best = next(s for s in sweep if s.label == best_label)
     batch1 = by_size[f"{'fp16' if best.half else 'fp32'}-b1"] if 1 in sizes else None
-    result: dict[str, Any] = {
-        "facts": facts,
-        "throughput": by_size,
-        "best": {"label": best_label, "images_per_s": by_size[best_label]},
-        "compared": {},
-        "ratios": {"batching_vs_batch1": by_size[best_label] / batch1 if batch1 else None},
-    }
+    result.update(
+        throughput=by_size,
+        best={"label": best_label, "images_per_s": by_size[best_label]},
+        ratios={"batching_vs_batch1": by_size[best_label] / batch1 if batch1 else None},
+    )
+    save(result)
     if not args.sweep_only:
         pairs = [
             replace(best, label="double-buffer"),
@@ -217,10 +224,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         if not engine:
             result["ratios"]["graphs_on_vs_off"] = compared["graphs-on"] / compared["graphs-off"]
+        save(result)
     if args.cameras:
-        figure = pipeline_figure(
-            model, args.device, Path(args.clip), args.cameras, best.batch, best.half
-        )
+        try:
+            figure = pipeline_figure(
+                model, args.device, Path(args.clip), args.cameras, best.batch, best.half
+            )
+        except Exception as exc:  # noqa: BLE001 - said in the report; its target is missed
+            traceback.print_exc()
+            figure = {"failed": f"{type(exc).__name__}: {exc}"}
         result["pipeline"] = figure
         if "fps" in figure:
             result["ratios"]["pipeline_vs_raw"] = figure["fps"] / by_size[best_label]
@@ -331,14 +343,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def save_to(out: Path) -> Callable[[dict[str, Any]], None]:
+    """Writes ``bench-gpu.json`` and ``bench-gpu.md`` into ``out`` (each time, whole)."""
+
+    def save(result: dict[str, Any]) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "bench-gpu.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
+        (out / "bench-gpu.md").write_text(to_markdown(result), encoding="utf-8")
+
+    return save
+
+
 def main(args: argparse.Namespace) -> int:
-    result = run(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench-gpu.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
-    markdown = to_markdown(result)
-    (out / "bench-gpu.md").write_text(markdown, encoding="utf-8")
-    print(markdown)
+    save = save_to(Path(args.out))
+    result = run(args, save)
+    save(result)
+    print(to_markdown(result))
     missed = missed_targets(result)
     for line in missed:
         print(f"bench-gpu: target missed: {line}", file=sys.stderr)

@@ -18,7 +18,6 @@ import cv2
 import numpy as np
 
 from detectors.preprocess import LetterboxGeometry
-from pipeline.analytics.geometry import FrameGeometry, RegionOutsideFrame
 from pipeline.config.analytics import AnalyticsConfig
 from pipeline.telemetry import DetectedFrame, Telemetry
 from streams.messages import Timestamps
@@ -146,6 +145,9 @@ def _draw_regions(
 ) -> None:
     """Zones (outline, name, tracks in it) and lines (an arrow from start to end, crossings
     in and out), as the camera's analytics sees them."""
+    # supervision is imported where analytics are used: the GPU check's machine lacks it
+    from pipeline.analytics.geometry import FrameGeometry, RegionOutsideFrame
+
     try:
         regions = FrameGeometry.resolve(config, g.width, g.height, "analytics")
     except RegionOutsideFrame:

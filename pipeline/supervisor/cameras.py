@@ -25,7 +25,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pipeline.analytics.geometry import FrameGeometry, RegionOutsideFrame
 from pipeline.batching import CameraRules
 from pipeline.config import MAX_CAMERAS_PER_DAEMON, CameraConfig, Config
 from pipeline.config.analytics import AnalyticsConfig
@@ -191,6 +190,9 @@ class LiveCameras(Part):
         checked_analytics(self._pool, camera_id, settings, "analytics")
         latest = self._live.latest(camera_id)
         if settings is not None and latest is not None:  # regions beyond its frames
+            # supervision is imported where analytics are used: the GPU check's machine lacks it
+            from pipeline.analytics.geometry import FrameGeometry, RegionOutsideFrame
+
             g = latest[0].geometry
             try:
                 FrameGeometry.resolve(settings, g.width, g.height, "analytics")

@@ -283,38 +283,75 @@ def test_cuda_asked_for_without_cuda_is_a_clear_error(exported):
         load_backend(exported["torchscript"], options=BackendOptions(device="cuda:0"))
 
 
-def test_gpu_bench_script_runs_on_the_cpu(exported, tmp_path, redis_url):
+#: framebatch's core dependencies that the lent GPU machine's image lacks (the device tool's
+#: KINDS.md, 2026-11-17) and that deploy/gpu_check.sh does not carry: bench-gpu and tests/gpu
+#: must run without them
+LENT_MACHINE_LACKS = {
+    "fastapi": "fastapi",
+    "fastapi-offline": "fastapi_offline",
+    "nats-py": "nats",
+    "paho-mqtt": "paho",
+    "supervision": "supervision",
+    "trackers": "trackers",
+    "uvicorn": "uvicorn",
+}
+LENT_IMAGE_HAS = {"numpy", "opencv-python-headless", "onnxruntime", "prometheus-client", "pyyaml"}
+
+LENT_MACHINE_IMPORTS = """
+import importlib.abc, sys
+
+class LentMachine(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in {lacking!r}:
+            raise ModuleNotFoundError(f"the lent GPU machine has no {{name}}", name=name)
+
+sys.meta_path.insert(0, LentMachine())
+"""
+
+
+def test_the_lent_machine_model_names_every_dependency_it_lacks():
+    import re
+    import tomllib
+
+    from tests.conftest import REPO_ROOT
+
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    core = {re.split(r"[\[<>=!~ ;]", dep, maxsplit=1)[0] for dep in project["dependencies"]}
+    script = (REPO_ROOT / "deploy" / "gpu_check.sh").read_text()
+    carried = set(re.search(r'^wheels="([^"]+)"', script, re.M).group(1).split())
+    assert core - carried - LENT_IMAGE_HAS == set(LENT_MACHINE_LACKS)
+
+
+def test_gpu_bench_script_runs_on_the_cpu(exported, tmp_path):
     """The prepared GPU bench, run here with ``--device cpu`` so it is known to work before a
-    GPU is lent: every figure is measured and the replay processes every frame."""
-    import argparse
+    GPU is lent, in a Python that cannot import what the lent machine lacks: every figure is
+    measured and the replay processes every frame."""
+    import subprocess
 
-    from framebatch_tools.bench.gpu import add_arguments, main
+    from tests.conftest import REPO_ROOT
 
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    clip = VIDEOS / CLIPS[0]
-    args = parser.parse_args(
-        [
-            f"--model={exported['torchscript']}",
-            f"--clip={clip}",
-            "--device=cpu",
-            "--batch-sizes=1,2",
-            "--seconds=0.3",
-            "--rounds=1",
-            "--cameras=1",
-            f"--out={tmp_path}",
-        ]
-    )
-    status = main(args)
-    result = json.loads((tmp_path / "bench-gpu.json").read_text())
+    site = tmp_path / "lent-machine"
+    site.mkdir()
+    lacking = sorted(LENT_MACHINE_LACKS.values())
+    (site / "sitecustomize.py").write_text(LENT_MACHINE_IMPORTS.format(lacking=lacking))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO_ROOT)])}
+    out = tmp_path / "out"
+    command = [
+        sys.executable, "-m", "pipeline.cli", "bench-gpu",
+        f"--model={exported['torchscript']}", f"--clip={VIDEOS / CLIPS[0]}", "--device=cpu",
+        "--batch-sizes=1,2", "--seconds=0.3", "--rounds=1", "--cameras=1", f"--out={out}",
+    ]  # fmt: skip
+    done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert "the lent GPU machine has no" not in done.stderr, done.stderr[-3000:]
+    result = json.loads((out / "bench-gpu.json").read_text())
     targets = result["targets"]
     assert set(targets) == {"batching_vs_batch1", "double_vs_single", "pipeline_vs_raw"}
     assert all(target["measured"] > 0 for target in targets.values())
     # a missed target is a non-zero exit, so the GPU check fails loudly (on a CPU the targets
     # are usually missed, but 0.3 s figures on a busy machine can pass one by chance)
     missed = any(not target["pass"] for target in targets.values())
-    assert status == (EXIT_TARGETS_MISSED if missed else 0)
+    assert done.returncode == (EXIT_TARGETS_MISSED if missed else 0), done.stderr[-3000:]
     assert set(result["throughput"]) == {"fp32-b1", "fp32-b2"}  # no FP16 on the CPU
     assert all(ips > 0 for ips in [*result["throughput"].values(), *result["compared"].values()])
     assert result["pipeline"]["frames"] == 8 and result["pipeline"]["dropped"] == {}
-    assert "| double_vs_single |" in (tmp_path / "bench-gpu.md").read_text()
+    assert "| double_vs_single |" in (out / "bench-gpu.md").read_text()
