@@ -408,6 +408,17 @@ def unread(client: redis.Redis, keys: StreamKeys, cameras: list[str]) -> list[tu
     ]
 
 
+def stuck(client: redis.Redis, keys: StreamKeys, cameras: list[str], shown: int = 5) -> list:
+    """What is pending on the first ``shown`` of ``cameras``, on whom, and what it is."""
+    found = []
+    for camera in cameras[:shown]:
+        key = keys.frames(camera)
+        for entry in client.xpending_range(key, FRAMES_GROUP, "-", "+", 5):
+            fields = client.xrange(key, entry["message_id"], entry["message_id"])
+            found.append((camera, entry, fields[0][1] if fields else "trimmed"))
+    return found
+
+
 def reopened_after(
     client: redis.Redis, keys: StreamKeys, host: str, theirs: list[str], since: float, before: dict
 ) -> dict[str, float]:
@@ -475,14 +486,10 @@ def faults(
     try:
         wait_for(lambda: not unread(client, keys, cameras), 120, "every frame read", 1.0)
     except RuntimeError:
-        left = unread(client, keys, cameras)
-        stuck = []
-        for camera, _groups in left[:5]:  # what is pending, on whom, and what it is
-            key = keys.frames(camera)
-            for entry in client.xpending_range(key, FRAMES_GROUP, "-", "+", 5):
-                fields = client.xrange(key, entry["message_id"], entry["message_id"])
-                stuck.append((camera, entry, fields[0][1] if fields else "trimmed"))
-        raise RuntimeError(f"{len(left)} frames streams not read to the end: {stuck}") from None
+        left = [camera for camera, _groups in unread(client, keys, cameras)]
+        raise RuntimeError(
+            f"{len(left)} frames streams not read to the end: {stuck(client, keys, left)}"
+        ) from None
     workers.stop(detectors)
     reports = audit(client, keys, cameras)
     dropped: dict[str, int] = {}
@@ -508,12 +515,20 @@ def measure(
     cameras = camera_ids(shape.cameras)
     with fleet(hosts, shape, clip, folder) as (client, keys, workers, nodes, placed_after):
         # steady: what queued while the cameras were placed is read (a frame a camera, less)
-        wait_for(
-            lambda: backlog(client, keys, cameras) <= shape.placeable // 4,
-            120,
-            "the backlog of the start read",
-            poll_s=1.0,
-        )
+        try:
+            wait_for(
+                lambda: backlog(client, keys, cameras) <= shape.placeable // 4,
+                120,
+                "the backlog of the start read",
+                poll_s=1.0,
+            )
+        except RuntimeError:
+            late = [c for c, _groups in unread(client, keys, cameras)]
+            raise RuntimeError(
+                f"the backlog of the start read is {backlog(client, keys, cameras)} frames "
+                f"after 120 s; {len(late)} streams not read to the end: "
+                f"{stuck(client, keys, late)}"
+            ) from None
         time.sleep(3.0)
         rate, per_frame, top, cpu_ms = throughput(client, keys, nodes, workers, cameras, window_s)
         workers.check_alive()

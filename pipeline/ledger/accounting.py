@@ -171,13 +171,14 @@ class Accounting:
     def would_gap(self, camera: str, session: str, next_seq: int) -> bool:
         """Whether a frame ``next_seq`` of ``session`` (or the session's end with that many
         frames) would show frames missing before it; any other session's first frame, too:
-        the end of the one before it, or a whole short session, may be pending unread on a
-        consumer, and no ``seq`` would show it."""
+        the end of the one before it, or whole short sessions, may be pending unread on a
+        consumer, and no ``seq`` would show it.  That holds for the first session this worker
+        sees of the camera as well: the sessions before it may have gone in a reply set aside
+        (one per camera and session: a look at what is pending, not at every frame)."""
         with self._lock:
             state = self._state(camera)
             if session != state.session:
-                followed = state.session is not None or state.ends > 0  # a session before it
-                return next_seq > 0 or (bool(session) and followed)
+                return next_seq > 0 or bool(session)
             return next_seq > state.last_seq + 1
 
     def on_claimed(self, camera: str) -> None:

@@ -265,6 +265,40 @@ def test_a_whole_session_left_pending_on_another_worker_is_claimed_at_the_next(r
     assert redis_client.xpending(keys.frames("a"), FRAMES_GROUP)["pending"] == 0
 
 
+def test_a_cameras_first_session_left_pending_on_another_worker_is_claimed_at_the_next(
+    redis_client, keys
+):
+    """The same with nothing of the camera received here before: its first session (a frame
+    and the end, a decoder that lost its lease at once) went in a reply set aside, so the next
+    session's first frame is the first this worker sees, and it looks for entries pending
+    before it all the same (the 1,000-camera fleet's start left frames so for ever)."""
+    redis_client.set(keys.lease("a"), "batcher-0")
+    redis_client.set(keys.lease("z"), "batcher-0")
+    write_frames(redis_client, keys, "z", "Z", range(2), end=None)  # keeps the worker reading
+    leases = SimulatedLeases()
+    reading = leases.reading
+    batch_worker = worker(redis_client, keys, ["a", "z"], FakeBackend(), leases=leases, since_ms=0)
+    finished = threading.Thread(target=run_to_end, args=(batch_worker,))
+    finished.start()
+    deadline = time.monotonic() + 60
+    while redis_client.xlen(keys.detections("z")) < 2:  # started: what was pending is claimed
+        assert time.monotonic() < deadline, "the worker did not start"
+        time.sleep(0.05)
+    reading.clear()
+    time.sleep(0.3)  # past a read in flight
+    write_frames(redis_client, keys, "a", "B", [0], end=1)
+    stale = redis_client.xreadgroup(FRAMES_GROUP, "cut-off", {keys.frames("a"): ">"})
+    assert len(stale[0][1]) == 2
+    write_frames(redis_client, keys, "a", "C", range(3), end=3)
+    write_frames(redis_client, keys, "z", "Z", [], end=2)
+    reading.set()
+    finished.join()
+    report = {r.camera: r for r in audit(redis_client, keys, ["a", "z"])}["a"]
+    assert report.ok, report.line()
+    assert (report.frames, report.detected, report.sessions) == (4, 4, 2)
+    assert redis_client.xpending(keys.frames("a"), FRAMES_GROUP)["pending"] == 0
+
+
 def test_a_camera_lost_to_another_worker_is_left_to_it_before_the_reader_lets_it_go(
     redis_client, keys
 ):
