@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import signal
 import statistics
 import subprocess
@@ -125,6 +126,9 @@ def write_config(path: Path, redis_url: str, max_batch: int, cluster: bool) -> P
 def run_worker(config_path: str, worker_id: str, service: ServiceTime) -> int:
     """One ``framebatch detect`` worker with the simulated model, until SIGTERM."""
     from pipeline.daemon import Pipeline
+
+    # as `framebatch detect` logs: lease changes at INFO, with times (the fleet's logs)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
 
     def simulated(config: Config, device: str) -> Detector:
         backend = SimulatedBackend(service, config.batching.max_batch_size)

@@ -52,40 +52,24 @@ class LeaseKeeper:
         self._clock = clock
         self._next_tick = 0.0
         self._handing_over: dict[str, CameraChange] = {}
+        self._reading: set[str] = set()  # cameras the reader was told to read and still reads
 
     def tick(self) -> None:
-        """Call often (the supervisor's tick); renews the leases every ``tick_s``."""
+        """Call often (the supervisor's tick); renews the leases every ``tick_s``.
+
+        What the reader is told is settled from the leases' state, not from the tick's report:
+        a tick an error cuts short (a timeout on a starved host, a cluster failover) has
+        already moved cameras in or out of ``held`` without reporting them, and a camera lost
+        so and taken back later would otherwise be read on from where the reader was, past the
+        frames claimed for it meanwhile (the 1,000-camera fleet left them pending for ever)."""
         if self._clock() < self._next_tick:
             self._release_finished()
             return
         self._next_tick = self._clock() + self._leases.tick_s
-        changes = self._leases.tick()
-        for camera in changes.lost:
-            log.warning("camera %s: its lease went to another worker; stopped reading it", camera)
-            self._handing_over.pop(camera, None)
-            self._changes.drop(camera)
-        for camera in changes.handing_over:
-            self._handing_over[camera] = self._changes.pause(camera)
-        for camera in changes.gained:
-            key = self._keys.frames(camera)
-            try:
-                claimed, trimmed = claim_pending(self._redis, key, self._consumer)
-            except redis.ResponseError as exc:
-                if not is_nogroup(exc):
-                    raise
-                # Redis lost its data: no group, nothing pending; the reader makes the group
-                claimed, trimmed = 0, 0
-            position = CameraPosition.from_fields(self._redis.hgetall(self._keys.cursor(camera)))
-            self._accounting.track(camera)
-            if trimmed:  # read by the previous worker, then trimmed from the stream: lost
-                self._acks.acknowledge(key, [], self._lost(camera, position.session, trimmed))
-            self._changes.adopt(camera, self._rules(camera), position)
-            log.info(
-                "camera %s: taken over at %s (%d unfinished frames claimed)",
-                camera,
-                position,
-                claimed,
-            )
+        try:
+            changes = self._leases.tick()
+        finally:
+            self._settle()
         if changes:
             log.info(
                 "workers %s; this one reads %d camera(s)",
@@ -93,6 +77,46 @@ class LeaseKeeper:
                 len(self._leases.held),
             )
         self._release_finished()
+
+    def _settle(self) -> None:
+        """Tell the reader what changed in the leases since it was last told."""
+        leases = self._leases
+        told = self._reading | set(self._handing_over)
+        for camera in sorted(told - leases.held - leases.handing_over):
+            log.warning("camera %s: its lease went to another worker; stopped reading it", camera)
+            self._reading.discard(camera)
+            self._handing_over.pop(camera, None)
+            self._changes.drop(camera)
+        for camera in sorted(leases.handing_over - set(self._handing_over)):
+            if camera in self._reading:
+                self._reading.discard(camera)
+                self._handing_over[camera] = self._changes.pause(camera)
+            else:  # won and given up before the reader was told: nothing of it was read
+                leases.release(camera)
+        for camera in sorted(leases.held - self._reading):
+            self._adopt(camera)
+            self._reading.add(camera)
+
+    def _adopt(self, camera: str) -> None:
+        key = self._keys.frames(camera)
+        try:
+            claimed, trimmed = claim_pending(self._redis, key, self._consumer)
+        except redis.ResponseError as exc:
+            if not is_nogroup(exc):
+                raise
+            # Redis lost its data: no group, nothing pending; the reader makes the group
+            claimed, trimmed = 0, 0
+        position = CameraPosition.from_fields(self._redis.hgetall(self._keys.cursor(camera)))
+        self._accounting.track(camera)
+        if trimmed:  # read by the previous worker, then trimmed from the stream: lost
+            self._acks.acknowledge(key, [], self._lost(camera, position.session, trimmed))
+        self._changes.adopt(camera, self._rules(camera), position)
+        log.info(
+            "camera %s: taken over at %s (%d unfinished frames claimed)",
+            camera,
+            position,
+            claimed,
+        )
 
     def _lost(self, camera: str, session: str | None, count: int) -> list[LedgerEntry]:
         entries = []
@@ -122,9 +146,10 @@ class LeaseKeeper:
 
     def drop_camera(self, camera: str) -> None:
         """A camera retired: read no more, its lease let go, never taken again."""
-        if camera in self._leases.held or camera in self._handing_over:
+        if camera in self._reading or camera in self._handing_over:
             self._changes.forget(camera)
             self._handing_over.pop(camera, None)
+            self._reading.discard(camera)
         self._leases.drop_camera(camera)
 
     def may_read(self) -> bool:

@@ -1,0 +1,105 @@
+"""A detector worker's lease keeper on a real redis-server: what its reader is told follows
+the leases themselves, also when a tick is cut short by an error halfway through its cameras
+(a timeout on a starved host, a cluster failover)."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from pipeline.batching import CameraRules
+from pipeline.leases.camera_leases import CameraLeases
+from pipeline.leases.keeper import LeaseKeeper
+from pipeline.ledger.accounting import Accounting
+from pipeline.ledger.acks import FrameAcks
+from pipeline.stages.changes import CameraChanges
+from pipeline.stages.context import WorkerContext
+from streams.groups import ensure_group
+from streams.keys import StreamKeys
+
+CAMERAS = ["a", "b", "c"]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class SimulatedTimeouts:
+    """The lease script, whose replies stop coming after ``answered`` more calls."""
+
+    def __init__(self, script) -> None:
+        self._script = script
+        self.answered: int | None = None
+
+    def __call__(self, *args, **kwargs):
+        if self.answered is not None:
+            if self.answered == 0:
+                raise redis.TimeoutError("Timeout reading from socket")
+            self.answered -= 1
+        return self._script(*args, **kwargs)
+
+
+@pytest.fixture
+def keeper_parts(redis_client, prefix):
+    keys = StreamKeys(prefix)
+    for camera in CAMERAS:
+        ensure_group(redis_client, keys.frames(camera))
+    clock = FakeClock()
+    leases = CameraLeases(redis_client, keys, "w1", CAMERAS, ttl_s=3.0, clock=clock)
+    hold = SimulatedTimeouts(leases._hold)
+    leases._hold = hold
+    changes = CameraChanges()
+    context = WorkerContext(
+        redis=redis_client,
+        keys=keys,
+        accounting=Accounting(CAMERAS),
+        acks=FrameAcks(redis_client=redis_client, keys=keys, ledger_maxlen=100, lease_holder="w1"),
+        consumer="w1",
+    )
+    keeper = LeaseKeeper(
+        context, leases=leases, changes=changes, rules=lambda camera: CameraRules(), clock=clock
+    )
+    return keeper, clock, hold, changes, keys
+
+
+def told(changes: CameraChanges) -> list[tuple[str, str]]:
+    return [(change.kind, change.camera) for change in changes.take()]
+
+
+def tick(keeper: LeaseKeeper, clock: FakeClock) -> None:
+    clock.now += 1.0  # the next renewal is due
+    keeper.tick()
+
+
+def test_a_camera_lost_in_a_tick_cut_short_is_dropped_before_it_is_adopted_again(
+    redis_client, keeper_parts
+):
+    keeper, clock, hold, changes, keys = keeper_parts
+    tick(keeper, clock)
+    assert told(changes) == [("adopt", camera) for camera in CAMERAS]
+    redis_client.set(keys.lease("a"), "w2")  # w1 was stalled past its TTL; w2 took "a"
+    hold.answered = 1  # "a" is found lost, then the renewal of "b" times out
+    with pytest.raises(redis.TimeoutError):
+        tick(keeper, clock)
+    assert told(changes) == [("drop", "a")]
+    hold.answered = None
+    redis_client.delete(keys.lease("a"))  # w2 gone: "a" comes back
+    tick(keeper, clock)
+    # the reader reads "a" again from its own pending entries (claimed for it now), not on
+    # from where it was
+    assert told(changes) == [("adopt", "a")]
+
+
+def test_a_camera_won_in_a_tick_cut_short_is_adopted_at_the_next(redis_client, keeper_parts):
+    keeper, clock, hold, changes, keys = keeper_parts
+    hold.answered = 1  # "a" is won, then the lease call for "b" times out
+    with pytest.raises(redis.TimeoutError):
+        tick(keeper, clock)
+    assert told(changes) == [("adopt", "a")]
+    hold.answered = None
+    tick(keeper, clock)
+    assert told(changes) == [("adopt", "b"), ("adopt", "c")]
