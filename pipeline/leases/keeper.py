@@ -58,10 +58,11 @@ class LeaseKeeper:
         """Call often (the supervisor's tick); renews the leases every ``tick_s``.
 
         What the reader is told is settled from the leases' state, not from the tick's report:
-        a tick an error cuts short (a timeout on a starved host, a cluster failover) has
-        already moved cameras in or out of ``held`` without reporting them, and a camera lost
-        so and taken back later would otherwise be read on from where the reader was, past the
-        frames claimed for it meanwhile (the 1,000-camera fleet left them pending for ever)."""
+        a tick an error cuts short (a Redis error halfway through the cameras) has already
+        moved cameras in or out of ``held`` without reporting them, and a camera lost so and
+        taken back later would be read on from where the reader was, past the frames claimed
+        for it meanwhile, and one won so would be held and never read.  (A detector worker's
+        run ends on such an error today; the keeper stays right whoever outlives it.)"""
         if self._clock() < self._next_tick:
             self._release_finished()
             return
