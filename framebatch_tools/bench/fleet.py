@@ -504,7 +504,9 @@ def faults(
         "duplicates_removed": sum(r.duplicates for r in reports),
         "after_session_end": sum(r.after_end for r in reports),
         "sessions": sum(r.sessions for r in reports),
-        "not_ok": [r.line() for r in reports if not r.ok][:5],
+        "not_ok": [f"{r.line()}; unaccounted {r.unaccounted[:10]}" for r in reports if not r.ok][
+            :5
+        ],
     }
     return figures
 

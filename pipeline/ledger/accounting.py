@@ -11,6 +11,7 @@ import itertools
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from pipeline.ledger.summary import CameraSummary, RunSummary, percentile
@@ -190,13 +191,26 @@ class Accounting:
             state.received += 1
             self._telemetry.frames_received(camera, 1)
 
-    def hand_over(self, camera: str, count: int) -> None:
-        """``count`` frames received and not finished go to the worker that took the camera
-        over (they stay pending for it to claim)."""
+    def hand_over(self, camera: str, frames: Sequence[tuple[str, int]]) -> None:
+        """``frames`` (session, seq) received and not finished go to the worker that took the
+        camera over (they stay pending for it to claim).
+
+        A camera's waiting frames are the newest it received (its queue is first in, first
+        out): where they are the current session's last seqs, they count as never received
+        here, so that, should this worker take the camera back before anyone processed them,
+        they are new frames to it again rather than repeats acknowledged unprocessed (an
+        adopted position behind this worker's own would be taken for "nobody read it
+        since")."""
         with self._lock:
             state = self._state(camera)
-            state.handed_over += count
-            state.received -= count
+            state.received -= len(frames)
+            seqs = sorted(seq for session, seq in frames if session == (state.session or ""))
+            tail = list(range(state.last_seq - len(frames) + 1, state.last_seq + 1))
+            if frames and seqs == tail:
+                state.last_seq = seqs[0] - 1
+                state.decoded = state.earlier_sessions + state.last_seq + 1 + state.decode_errors
+            else:
+                state.handed_over += len(frames)
 
     def on_end(
         self,

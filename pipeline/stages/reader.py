@@ -158,7 +158,9 @@ class FrameReader:
                 self._handover.release(key)
                 if change.kind == "drop":
                     given_up = self._policy.queues.discard(camera)
-                    self._accounting.hand_over(camera, len(given_up))
+                    self._accounting.hand_over(
+                        camera, [(q.item.message.session, q.item.message.seq) for q in given_up]
+                    )
                 if change.kind != "pause":
                     if camera in self._cameras:
                         self._cameras.remove(camera)

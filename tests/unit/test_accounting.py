@@ -563,10 +563,40 @@ def test_a_camera_lost_to_another_worker_hands_its_waiting_frames_over():
     for seq in range(3):
         accounting.on_received("cam", seq, "s")
     accounting.on_published([("cam", 0.1, 0.0)], 0.0)
-    accounting.hand_over("cam", 2)  # still in the batching queue: the other worker claims them
+    # still in the batching queue: the other worker claims them
+    accounting.hand_over("cam", [("s", 1), ("s", 2)])
     summary = camera_summary(accounting, "cam")
-    assert (summary.decoded, summary.processed, summary.handed_over) == (1, 1, 2)
+    assert (summary.decoded, summary.processed) == (1, 1)
     assert summary.in_flight == 0 and accounting.outstanding("cam") == 0
+    assert accounting.position("cam") == CameraPosition("s", 0)
+
+
+def test_frames_given_up_are_new_again_when_the_camera_comes_back_before_anyone_read_them():
+    """Received to seq 10, seqs 9 and 10 waiting when the camera was lost; the next worker
+    lost it too before it processed them (its position says 8): taken back, the two come back
+    from this worker's pending list as frames to process, not repeats to acknowledge."""
+    accounting = Accounting(["cam"])
+    for seq in range(11):
+        accounting.on_received("cam", seq, "s")
+    accounting.on_published([("cam", 0.1, 0.0)] * 9, 0.0)
+    accounting.hand_over("cam", [("s", 9), ("s", 10)])
+    accounting.adopt("cam", CameraPosition("s", 8))
+    assert accounting.on_received("cam", 9, "s") == []
+    assert accounting.on_received("cam", 10, "s") == []
+    accounting.on_published([("cam", 0.1, 0.0)] * 2, 0.0)
+    summary = camera_summary(accounting, "cam")
+    assert (summary.decoded, summary.processed, summary.handed_over) == (11, 11, 0)
+
+
+def test_frames_given_up_that_are_not_the_newest_received_stay_handed_over():
+    accounting = Accounting(["cam"])
+    for seq in range(5):
+        accounting.on_received("cam", seq, "s")
+    accounting.on_published([("cam", 0.1, 0.0)] * 2, 0.0)
+    accounting.hand_over("cam", [("s", 2), ("s", 3)])  # 4 went on (in a batch in flight)
+    summary = camera_summary(accounting, "cam")
+    assert (summary.decoded, summary.handed_over, summary.in_flight) == (3, 2, 1)
+    assert accounting.position("cam") == CameraPosition("s", 4)
 
 
 def test_adopting_a_camera_without_a_position_or_behind_this_worker_changes_nothing():
