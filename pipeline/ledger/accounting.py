@@ -151,17 +151,22 @@ class Accounting:
         it.  They count as ``handed_over``, outside this worker's decoded frames, except those
         the other worker left unfinished, which come back through :meth:`on_claimed`.  A
         camera this worker read before, and handed over, follows on in the same way from
-        where the other worker left it."""
+        where the other worker left it, or, where this worker is past the position (what it
+        wrote after it was refused: another worker held the lease), from the position."""
         with self._lock:
             state = self._state(camera)
             if position.session is None:
                 return  # no worker received a frame of it yet
-            if state.session == position.session and state.last_seq >= position.last_seq:
+            if state.session == position.session and state.last_seq == position.last_seq:
                 return  # this worker is as far: nobody read it since
             if state.session is not None and state.session != position.session:
                 # the rest of the session this worker saw went to the other worker
                 state.earlier_sessions += state.last_seq + 1
                 state.last_seq = -1
+            elif state.last_seq > position.last_seq:
+                # what this worker read past the position was refused in Redis (another
+                # worker held the lease then): those frames are read again from there
+                state.last_seq = position.last_seq
             state.session = position.session
             state.handed_over += position.last_seq - state.last_seq
             state.last_seq = position.last_seq

@@ -9,7 +9,7 @@ MULTI/EXEC as, and after, its ledger entry.  A crash between the two repeats a m
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 
@@ -18,39 +18,103 @@ from streams.messages import CameraPosition, LedgerEntry, merge_drops
 from streams.redis_cluster import SlotTransactions
 from streams.redis_errors import is_nogroup
 
+
+def _unless_another_holds(lease: str, refused: str) -> str:
+    """Lua that ends the script with ``refused`` when the camera's lease (``lease``: its KEYS
+    element) is another worker's than ``ARGV[1]`` ('' for a worker without leases, never
+    refused).  A lease that ran out and nobody took yet lets the write through: the next
+    holder adopts the camera (reads its position, claims what is pending) only after taking
+    the lease, so it sees what went through; and a Redis restarted without its data, whose
+    leases are back at the holders' next renewal, loses no write meanwhile."""
+    return (
+        f"local holder = redis.call('GET', {lease})\n"
+        f"if ARGV[1] ~= '' and holder and holder ~= ARGV[1] then return {refused} end\n"
+    )
+
+
 #: KEYS: cursor, lease; ARGV: the worker, then field, value pairs.  A camera's position is
-#: written only by the worker holding its lease: a write of a worker cut off from Redis, sent
-#: again by its client once the network is back, must not move the new owner's position back.
-#: Sent as EVAL, not EVALSHA: inside MULTI an unknown sha fails only at EXEC, after the rest
-#: of the transaction went through, and redis-py's cluster pipelines refuse EVALSHA.
-FENCED_POSITION = """
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+#: written only while no other worker holds its lease: a write of a worker cut off from Redis,
+#: sent again by its client once the network is back, must not move the new owner's position
+#: back.  Sent as EVAL, not EVALSHA: inside MULTI an unknown sha fails only at EXEC, after the
+#: rest of the transaction went through, and redis-py's cluster pipelines refuse EVALSHA.
+FENCED_POSITION = (
+    _unless_another_holds("KEYS[2]", "0")
+    + """
 redis.call('HSET', KEYS[1], unpack(ARGV, 2))
 return 1
 """
+)
+
+
+def _append_each(stream: str, maxlen: str, count: str) -> str:
+    """Lua: ``count`` entries appended to ``stream`` (``MAXLEN ~ maxlen``) from ``ARGV[at]``
+    on, each as its field count then its fields and values; ``at`` moves past them."""
+    return (
+        f"for _ = 1, tonumber({count}) do\n"
+        "  local n = tonumber(ARGV[at])\n"
+        f"  redis.call('XADD', {stream}, 'MAXLEN', '~', {maxlen}, '*',\n"
+        "             unpack(ARGV, at + 1, at + n))\n"
+        "  at = at + n + 1\n"
+        "end\n"
+    )
+
+
+def _acknowledge_the_rest(stream: str) -> str:
+    """Lua: ``ARGV[at]`` the frames group, the arguments after it entry ids of ``stream``, to
+    acknowledge and delete (pcall: a group gone with a Redis restart is no error)."""
+    return (
+        "if #ARGV > at then\n"
+        f"  redis.pcall('XACK', {stream}, ARGV[at], unpack(ARGV, at + 1))\n"
+        f"  redis.pcall('XDEL', {stream}, unpack(ARGV, at + 1))\n"
+        "end\n"
+        "return 1\n"
+    )
+
+
+#: KEYS: lease, ledger, cursor, frames stream; ARGV: the worker, the ledger's MAXLEN ~, the
+#: number of ledger entries, the entries, the position's field count (0: none) then its
+#: fields and values, the frames group, then the frame ids.  What a reader found of a camera
+#: (drops, a session's end, its position) and the acknowledgement of the entries that showed
+#: it go through together, and not at all for a worker whose camera another worker holds now
+#: (the reply is then the frames key): that one follows on from the position it adopted,
+#: counts what is missing after it itself, and claims the entries left pending here.  Written
+#: by a worker whose lease ran out unnoticed, such drops were counted twice, once as frames
+#: its holder had detected.
+FENCED_LEDGER_ACK = (
+    _unless_another_holds("KEYS[1]", "KEYS[4]")
+    + "local at = 4\n"
+    + _append_each("KEYS[2]", "ARGV[2]", "ARGV[3]")
+    + """local n = tonumber(ARGV[at])
+if n > 0 then redis.call('HSET', KEYS[3], unpack(ARGV, at + 1, at + n)) end
+at = at + n + 1
+"""
+    + _acknowledge_the_rest("KEYS[4]")
+)
 
 #: KEYS: lease, analytics state, frames stream, events stream; ARGV: the worker ('' without
-#: leases), the state, the frames group, the events' MAXLEN ~, the number of events, each event
-#: as its field count then its fields and values, then the frame ids.  A camera's events and
-#: analytics state go with the acknowledgement of the frames they come from, and none of them
-#: goes through for a worker that lost the camera's lease: its frames stay pending, for the new
-#: owner to claim and analyse again from the state before them (the reply is then the state's
-#: key).  (pcall: a group gone with a Redis restart is no error.)
-FENCED_ANALYTICS_ACK = """
-if ARGV[1] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[1] then return KEYS[2] end
-redis.call('SET', KEYS[2], ARGV[2])
-local at = 6
-for _ = 1, tonumber(ARGV[5]) do
-  local n = tonumber(ARGV[at])
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*', unpack(ARGV, at + 1, at + n))
-  at = at + n + 1
-end
-if #ARGV >= at then
-  redis.pcall('XACK', KEYS[3], ARGV[3], unpack(ARGV, at))
-  redis.pcall('XDEL', KEYS[3], unpack(ARGV, at))
-end
-return 1
-"""
+#: leases), the state, the events' MAXLEN ~, the number of events, the events, the frames
+#: group, then the frame ids.  A camera's events and analytics state go with the
+#: acknowledgement of the frames they come from, and none of them goes through for a worker
+#: whose camera another worker holds now: its frames stay pending, for the new owner to claim
+#: and analyse again from the state before them (the reply is then the frames key).
+FENCED_ANALYTICS_ACK = (
+    _unless_another_holds("KEYS[1]", "KEYS[3]")
+    + "redis.call('SET', KEYS[2], ARGV[2])\n"
+    + "local at = 5\n"
+    + _append_each("KEYS[4]", "ARGV[3]", "ARGV[4]")
+    + _acknowledge_the_rest("KEYS[3]")
+)
+
+
+@dataclass(frozen=True)
+class StreamAck:
+    """What a reader found in one camera's stream: ledger entries (drops, a session's end),
+    the camera's position (camera leases), and the entries that showed them, to acknowledge."""
+
+    key: str  # the camera's frames stream
+    ids: list[bytes]
+    entries: list[LedgerEntry] = field(default_factory=list)
+    position: CameraPosition | None = None
 
 
 @dataclass(frozen=True)
@@ -107,10 +171,10 @@ class FrameAcks:
 
     def record_position(self, tx: SlotTransactions, camera: str, position: CameraPosition) -> None:
         """Where the next worker to read the camera takes over (camera leases); only while
-        this worker holds the camera's lease."""
+        no other worker holds the camera's lease."""
         if self._lease_holder is None:
             raise RuntimeError("positions are kept by detector workers, which hold leases")
-        pairs = [str(v) for item in position.to_fields().items() for v in item]
+        pairs = _flat(position.to_fields())
         keys = [self._keys.cursor(camera), self._keys.lease(camera)]
         # execute_command: redis-py's cluster pipelines have no eval()
         tx.on(keys[0]).execute_command(
@@ -124,17 +188,57 @@ class FrameAcks:
         entries: list[LedgerEntry] | None = None,
         *,
         position: CameraPosition | None = None,
-        camera: str = "",
-    ) -> None:
+    ) -> bool:
         """Ledger entries first (with the camera's ``position`` when given), then the
-        acknowledgement, in one round trip."""
-        tx = self.transactions()
-        self.write_ledger(tx, entries or [])
-        if position is not None:
-            self.record_position(tx, camera, position)
-        if ids:
-            self.ack_and_delete(tx, key, ids)
-        self.execute(tx)
+        acknowledgement, in one round trip.  False: refused, another worker holds the
+        camera's lease now."""
+        return not self.acknowledge_streams([StreamAck(key, ids, entries or [], position)])
+
+    def acknowledge_streams(self, acks: list[StreamAck]) -> set[str]:
+        """Each stream's ledger entries, position and acknowledgement, all in one round trip
+        (one per node on a cluster); returns the cameras refused: another worker holds their
+        lease now, and nothing of theirs was written (their entries stay pending for it).  A
+        worker without leases writes them in one transaction a camera."""
+        if self._lease_holder is None:
+            tx = self.transactions()
+            for ack in acks:
+                if ack.position is not None:
+                    raise RuntimeError("positions are kept by detector workers, which hold leases")
+                self.write_ledger(tx, ack.entries)
+                if ack.ids:
+                    self.ack_and_delete(tx, ack.key, ack.ids)
+            self.execute(tx)
+            return set()
+        tx = self.transactions(atomic=False)  # each camera's is one script
+        for ack in acks:
+            if ack.ids or ack.entries or ack.position is not None:
+                self._fenced_ack(tx, ack)
+        return self._refused(self.execute(tx), [ack.key for ack in acks])
+
+    def _fenced_ack(self, tx: SlotTransactions, ack: StreamAck) -> None:
+        camera = self._keys.camera_from_frames(ack.key)
+        entries = merge_drops(ack.entries)
+        args: list[str | int | bytes] = [self._lease_holder or "", self._ledger_maxlen]
+        args.append(len(entries))
+        for entry in entries:
+            fields = _flat(entry.to_fields())
+            args += [len(fields), *fields]
+        pairs = [] if ack.position is None else _flat(ack.position.to_fields())
+        args += [len(pairs), *pairs, FRAMES_GROUP, *ack.ids]
+        keys = [
+            self._keys.lease(camera),
+            self._keys.ledger(camera),
+            self._keys.cursor(camera),
+            ack.key,
+        ]
+        tx.on(ack.key).execute_command("EVAL", FENCED_LEDGER_ACK, len(keys), *keys, *args)
+
+    def _refused(self, results: list[object], frames_keys: list[str]) -> set[str]:
+        """The cameras whose fenced script answered with their frames key: refused."""
+        keys = {key.encode() for key in frames_keys}
+        return {
+            self._keys.camera_from_frames(r) for r in results if isinstance(r, bytes) and r in keys
+        }
 
     def acknowledge_frames(
         self,
@@ -146,16 +250,19 @@ class FrameAcks:
         """A published batch's frames, of several streams, in one round trip (on a cluster,
         one per node: what they acknowledge, the detections, is written already).
         ``analytics``: by camera, events and state, each camera's in one fenced script with its
-        acknowledgement.  Returns the cameras whose analytics were refused: this worker no
-        longer holds their leases (their frames stay pending for the new owner)."""
+        acknowledgement.  Returns the cameras refused: another worker holds their lease now
+        (their frames stay pending for it; it publishes them again, a repeat consumers
+        de-duplicate by ``frame_id``)."""
         analytics = analytics or {}
-        tx = self.transactions(atomic=bool(analytics))
-        state_keys: dict[bytes, str] = {}
+        tx = self.transactions(atomic=bool(analytics) and self._lease_holder is None)
         for key, ids in ids_by_stream.items():
             camera = self._keys.camera_from_frames(key)
             write = analytics.get(camera)
             if write is None:
-                self.ack_and_delete(tx, key, ids)
+                if self._lease_holder is None:
+                    self.ack_and_delete(tx, key, ids)
+                else:
+                    self._fenced_ack(tx, StreamAck(key, ids))
                 continue
             events: list[str | int | bytes] = []
             for fields in write.events:
@@ -167,7 +274,6 @@ class FrameAcks:
                 key,
                 self._keys.object_events(camera),
             ]
-            state_keys[keys[1].encode()] = camera
             tx.on(key).execute_command(
                 "EVAL",
                 FENCED_ANALYTICS_ACK,
@@ -175,14 +281,13 @@ class FrameAcks:
                 *keys,
                 self._lease_holder or "",
                 write.state,
-                FRAMES_GROUP,
                 events_maxlen,
                 len(write.events),
                 *events,
+                FRAMES_GROUP,
                 *ids,
             )
-        results = self.execute(tx)
-        return {state_keys[r] for r in results if isinstance(r, bytes) and r in state_keys}
+        return self._refused(self.execute(tx), list(ids_by_stream))
 
     @staticmethod
     def execute(tx: SlotTransactions) -> list[object]:
@@ -194,3 +299,8 @@ class FrameAcks:
             if isinstance(result, Exception) and not is_nogroup(result):
                 raise result
         return results
+
+
+def _flat(fields: Mapping[str, str | int]) -> list[str]:
+    """A hash's fields as the field, value, ... arguments of HSET and XADD."""
+    return [str(item) for pair in fields.items() for item in pair]

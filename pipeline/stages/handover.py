@@ -135,6 +135,9 @@ class CameraHandover(NoHandover):
 
     def adopt(self, key: str, position: CameraPosition) -> None:
         self._claimed_through[key] = position
+        # from here on (the newest entry this reader received, if it read the camera before,
+        # may be past the position: what it wrote after that was refused, and is read again)
+        self._last_entry[key] = position.entry_id
 
     def release(self, key: str) -> None:
         self._claimed_through.pop(key, None)

@@ -20,6 +20,7 @@ import redis
 
 from detectors.detector import Detector
 from pipeline.batching import BatchPolicy, Dropped, Queued
+from pipeline.ledger.acks import StreamAck
 from pipeline.stages.batches import PendingFrame, PreparedBatch
 from pipeline.stages.changes import CameraChanges
 from pipeline.stages.context import WorkerContext
@@ -245,9 +246,19 @@ class FrameReader:
         """Ledger entries the accounting just wrote, and the acknowledgement; with the
         camera's position in the same transaction when positions are kept (a worker taking
         the camera over must neither miss nor repeat these entries)."""
-        camera = self._camera_of[key]
-        position = self._handover.position(camera)
-        self._acks.acknowledge(key, ids, entries, position=position, camera=camera)
+        position = self._handover.position(self._camera_of[key])
+        if not self._acks.acknowledge(key, ids, entries, position=position):
+            self._refused({self._camera_of[key]})
+
+    @staticmethod
+    def _refused(cameras: set[str]) -> None:
+        """Writes another worker's lease refused: it took these cameras while this worker's
+        renewal ran late, and counts from the position it adopted what was refused here (the
+        lease keeper lets them go at its next renewal)."""
+        for camera in sorted(cameras):
+            log.info(
+                "camera %s: another worker holds it now; what was read of it is left to it", camera
+            )
 
     def _recreate_groups(self, keys: list[str] | None = None) -> None:
         """Redis restarted without its data: the streams and the group are gone.  Make the
@@ -337,19 +348,16 @@ class FrameReader:
         acknowledged and deleted."""
         if not dropped:
             return
-        tx = self._acks.transactions()
-        entries = []
+        acks: dict[str, StreamAck] = {}
         for d in dropped:
             message = d.frame.item.message
-            entries.append(
+            key = self._keys.frames(d.frame.camera)
+            ack = acks.setdefault(key, StreamAck(key, []))
+            ack.entries.append(
                 self._accounting.on_shed(message.camera, d.cause, message.session, message.seq)
             )
-        self._acks.write_ledger(tx, entries)
-        for d in dropped:
-            self._acks.ack_and_delete(
-                tx, self._keys.frames(d.frame.camera), [d.frame.item.entry_id]
-            )
-        self._acks.execute(tx)
+            ack.ids.append(d.frame.item.entry_id)
+        self._refused(self._acks.acknowledge_streams(list(acks.values())))
 
     def _dispatch(self, frames: list[Queued[PendingFrame]]) -> None:
         batched = self._clock()

@@ -599,14 +599,31 @@ def test_frames_given_up_that_are_not_the_newest_received_stay_handed_over():
     assert accounting.position("cam") == CameraPosition("s", 4)
 
 
-def test_adopting_a_camera_without_a_position_or_behind_this_worker_changes_nothing():
+def test_adopting_a_camera_without_a_position_or_as_far_as_this_worker_changes_nothing():
     accounting = Accounting(["cam"])
     accounting.adopt("cam", CameraPosition())  # no worker received a frame yet
     assert accounting.position("cam") == CameraPosition()
     for seq in range(5):
         accounting.on_received("cam", seq, "s")
-    accounting.adopt("cam", CameraPosition("s", 2))  # an older position than this worker's
+    accounting.adopt("cam", CameraPosition("s", 4))  # nobody read it since
     assert accounting.position("cam") == CameraPosition("s", 4)
+
+
+def test_a_camera_taken_back_behind_this_worker_is_read_again_from_the_kept_position():
+    """Received to seq 4, but what was written after seq 2 was refused (another worker held
+    the lease by then) and that worker read nothing: taken back at position 2, seqs 3 and 4
+    (pending still) are frames to count again, not repeats to acknowledge unrecorded."""
+    accounting = Accounting(["cam"])
+    for seq in range(5):
+        accounting.on_received("cam", seq, "s")
+    accounting.on_published([("cam", 0.1, 0.0)] * 5, 0.0)
+    accounting.adopt("cam", CameraPosition("s", 2))
+    assert accounting.position("cam") == CameraPosition("s", 2)
+    assert accounting.on_received("cam", 3, "s") == []
+    assert accounting.on_received("cam", 4, "s") == []
+    (gap,) = accounting.on_received("cam", 6, "s")
+    assert (gap.first_seq, gap.count, gap.cause) == (5, 1, "overflow")
+    assert camera_summary(accounting, "cam").decoded == 7
 
 
 def test_a_camera_handed_over_and_taken_back_follows_on_from_the_other_worker():
