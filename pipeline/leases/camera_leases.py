@@ -135,7 +135,6 @@ class CameraLeases:
 
     def __post_init__(self) -> None:
         self._heartbeat = self.redis_client.register_script(_HEARTBEAT)
-        self._hold = self.redis_client.register_script(_HOLD)
         self._release = self.redis_client.register_script(_RELEASE)
 
     @property
@@ -148,7 +147,10 @@ class CameraLeases:
         return int(self.ttl_s * 1000)
 
     def tick(self) -> LeaseChanges:
-        """Heartbeat, renew what is held, take what this worker wins and is free."""
+        """Heartbeat, renew what is held, take what this worker wins and is free.
+
+        A camera whose lease call met an error (a node failing over, a timeout) stays as it
+        was, and the first such error is raised once the others are settled."""
         sent = self.clock()
         workers = tuple(
             w.decode()
@@ -160,20 +162,25 @@ class CameraLeases:
         owner = (
             self.owner_of(workers) if self.owner_of else partial(rendezvous_owner, workers=workers)
         )
-        for camera in self.cameras:
-            wins = owner(camera) == self.worker_id
-            if camera in self.held or camera in self.handing_over:
-                if not self._hold_lease(camera):
+        wins = {camera for camera in self.cameras if owner(camera) == self.worker_id}
+        mine = self.held | self.handing_over
+        answers = self._hold_leases([c for c in self.cameras if c in mine or c in wins])
+        for camera, answer in answers.items():
+            if isinstance(answer, Exception):
+                continue
+            if camera in mine:
+                if not answer:
                     lost.append(camera)
                     self.held.discard(camera)
                     self.handing_over.discard(camera)
-                elif not wins and camera in self.held:
+                elif camera not in wins and camera in self.held:
                     handing_over.append(camera)
                     self.held.discard(camera)
                     self.handing_over.add(camera)
-            elif wins and self._hold_lease(camera):
+            elif answer:
                 gained.append(camera)
                 self.held.add(camera)
+        _raise_first_error(answers)
         self.valid_until = sent + self.ttl_s * VALID_SHARE
         return LeaseChanges(tuple(gained), tuple(lost), tuple(handing_over), workers)
 
@@ -187,10 +194,12 @@ class CameraLeases:
         keeps its cameras while it finishes their frames)."""
         sent = self.clock()
         self._heartbeat(keys=[self.role.workers(self.keys)], args=[self._ttl_ms, self.worker_id])
-        for camera in sorted(self.held | self.handing_over):
-            if not self._hold_lease(camera):
+        answers = self._hold_leases(sorted(self.held | self.handing_over))
+        for camera, answer in answers.items():
+            if not isinstance(answer, Exception) and not answer:
                 self.held.discard(camera)
                 self.handing_over.discard(camera)
+        _raise_first_error(answers)
         self.valid_until = sent + self.ttl_s * VALID_SHARE
 
     def add_camera(self, camera: str) -> None:
@@ -206,9 +215,22 @@ class CameraLeases:
         if camera in self.held or camera in self.handing_over:
             self.release(camera)
 
-    def _hold_lease(self, camera: str) -> bool:
-        lease = self.role.lease(self.keys, camera)
-        return bool(self._hold(keys=[lease], args=[self.worker_id, self._ttl_ms]))
+    def _hold_leases(self, cameras: list[str]) -> dict[str, bool | Exception]:
+        """Takes (free) or renews (this worker's) each camera's lease: whether it is this
+        worker's now, or the error its call met.  One pipeline (a round trip per node on a
+        cluster), not a round trip a camera: a decode worker holding 300 cameras, its threads
+        contending for the interpreter on a starved host, took seconds a tick so, its
+        heartbeat ran out, and the cameras churned between the live workers."""
+        pipe = self.redis_client.pipeline(transaction=False)
+        for camera in cameras:
+            lease = self.role.lease(self.keys, camera)
+            # EVAL, not EVALSHA: redis-py's cluster pipelines refuse EVALSHA
+            pipe.execute_command("EVAL", _HOLD, 1, lease, self.worker_id, self._ttl_ms)
+        answers = pipe.execute(raise_on_error=False) if cameras else []
+        return {
+            camera: answer if isinstance(answer, Exception) else bool(answer)
+            for camera, answer in zip(cameras, answers, strict=True)
+        }
 
     def release(self, camera: str) -> None:
         """A handed-over camera's frames are all finished: its next owner may take it."""
@@ -222,6 +244,12 @@ class CameraLeases:
         self.redis_client.zrem(self.role.workers(self.keys), self.worker_id)
         for camera in sorted(self.held | self.handing_over):
             self.release(camera)
+
+
+def _raise_first_error(answers: dict[str, bool | Exception]) -> None:
+    for answer in answers.values():
+        if isinstance(answer, Exception):
+            raise answer
 
 
 def worker_alive(
@@ -269,11 +297,11 @@ def lease_probes(client: redis.Redis, key: str) -> list[tuple[str, Callable[[], 
 def worker_lease_probes(client: redis.Redis, key: str) -> list[tuple[str, Callable[[], object]]]:
     """The probes of what the leases of either role run (:func:`lease_probes`)."""
     heartbeat = client.register_script(_HEARTBEAT)
-    hold, release = client.register_script(_HOLD), client.register_script(_RELEASE)
+    release = client.register_script(_RELEASE)
     workers, lease = f"{key}:workers", f"{key}:lease"
     return [
         ("EVALSHA (worker heartbeat)", lambda: heartbeat(keys=[workers], args=[1000, "probe"])),
-        ("EVALSHA (camera lease)", lambda: hold(keys=[lease], args=["probe", 1000])),
+        ("EVAL (camera lease)", lambda: client.eval(_HOLD, 1, lease, "probe", 1000)),
         ("EVALSHA (lease release)", lambda: release(keys=[lease], args=["probe"])),
         ("ZREM", lambda: client.zrem(workers, "probe")),
         ("ZSCORE", lambda: client.zscore(workers, "probe")),

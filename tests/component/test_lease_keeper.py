@@ -29,18 +29,21 @@ class FakeClock:
 
 
 class SimulatedTimeouts:
-    """The lease script, whose replies stop coming after ``answered`` more calls."""
+    """The leases' calls, of which only the first ``answered`` cameras' replies come (the
+    rest time out)."""
 
-    def __init__(self, script) -> None:
-        self._script = script
+    def __init__(self, hold_leases) -> None:
+        self._hold_leases = hold_leases
         self.answered: int | None = None
 
-    def __call__(self, *args, **kwargs):
-        if self.answered is not None:
-            if self.answered == 0:
-                raise redis.TimeoutError("Timeout reading from socket")
-            self.answered -= 1
-        return self._script(*args, **kwargs)
+    def __call__(self, cameras: list[str]) -> dict:
+        if self.answered is None:
+            return self._hold_leases(cameras)
+        answers = self._hold_leases(cameras[: self.answered])
+        for camera in cameras[self.answered :]:
+            answers[camera] = redis.TimeoutError("Timeout reading from socket")
+        self.answered = max(0, self.answered - len(cameras))
+        return answers
 
 
 @pytest.fixture
@@ -50,8 +53,8 @@ def keeper_parts(redis_client, prefix):
         ensure_group(redis_client, keys.frames(camera))
     clock = FakeClock()
     leases = CameraLeases(redis_client, keys, "w1", CAMERAS, ttl_s=3.0, clock=clock)
-    hold = SimulatedTimeouts(leases._hold)
-    leases._hold = hold
+    hold = SimulatedTimeouts(leases._hold_leases)
+    leases._hold_leases = hold
     changes = CameraChanges()
     context = WorkerContext(
         redis=redis_client,
