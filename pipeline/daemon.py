@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
@@ -72,6 +73,7 @@ from streams.sinks import DetectionSink, SinkContext, open_sinks
 log = logging.getLogger(__name__)
 
 SUPERVISE_TICK_S = 0.2
+SLOW_TICK_S = 1.0  # a supervisor tick longer than this is said (with where it went)
 OnEvent = Callable[[dict[str, str]], None]  # a decoder status event, as it comes
 
 
@@ -334,11 +336,23 @@ class Pipeline:
             return self._services.accounting.summary()
 
     def _tick(self) -> None:
+        started = time.monotonic()
         control = self._services.control
         control.tick()  # API requests, on this thread
         control.states.sample(self._services.accounting.processed_counts())
+        spent = []
         for part in self._parts:
+            before = time.monotonic()
             part.tick()
+            spent.append((type(part).__name__, time.monotonic() - before))
+        took = time.monotonic() - started
+        if took > SLOW_TICK_S:
+            # leases are renewed from this tick: one this slow lets them run out
+            log.warning(
+                "supervisor tick took %.1f s (%s)",
+                took,
+                ", ".join(f"{name} {s:.2f} s" for name, s in spent),
+            )
 
     def _stop_in_order(self) -> None:
         """Steps 1 and 2 of the stop order (the module's docstring); each part stops even if

@@ -191,6 +191,37 @@ class SessionFence:
         return result
 
 
+@dataclass(frozen=True)
+class SessionClaim:
+    """A session to claim for a decoder about to start."""
+
+    camera: str
+    session: str
+    final: bool  # a file job: decoded once, whatever ends it
+
+
+def claim_sessions(
+    client: redis.Redis, keys: StreamKeys, lease: DecodeLease, claims: list[SessionClaim]
+) -> dict[str, bool]:
+    """Claims each session for a decoder about to start (see the module's docstring), all in
+    one pipeline (a round trip per node on a cluster: a worker taking over a lost host's
+    hundreds of cameras took a round trip each, seconds on a starved host, its lease renewals
+    waiting behind them).  False for a camera whose lease is another worker's, whose session
+    is still in progress (end it first), or whose file is decoded."""
+    pipe = client.pipeline(transaction=False)
+    for claim in claims:
+        claim_keys = [
+            keys.decode_lease(claim.camera),
+            keys.progress(claim.camera),
+            keys.decoded(claim.camera),
+        ]
+        args = [lease.worker, lease.ttl_ms, claim.session, "1" if claim.final else "0"]
+        # EVAL as a plain command: a cluster's pipeline has no eval() of its own
+        pipe.execute_command("EVAL", _CLAIM, len(claim_keys), *claim_keys, *args)
+    answers = pipe.execute() if claims else []
+    return {claim.camera: bool(answer) for claim, answer in zip(claims, answers, strict=True)}
+
+
 def claim_session(
     client: redis.Redis,
     keys: StreamKeys,
@@ -200,13 +231,8 @@ def claim_session(
     *,
     final: bool,
 ) -> bool:
-    """Claims ``session`` for a decoder about to start (see the module's docstring); False:
-    the lease is another worker's, a session is still in progress (end it first), or the file
-    is decoded."""
-    script = client.register_script(_CLAIM)
-    claim_keys = [keys.decode_lease(camera), keys.progress(camera), keys.decoded(camera)]
-    args = [lease.worker, lease.ttl_ms, session, "1" if final else "0"]
-    return bool(script(keys=claim_keys, args=args))
+    """:func:`claim_sessions` for one camera."""
+    return claim_sessions(client, keys, lease, [SessionClaim(camera, session, final)])[camera]
 
 
 def end_session_in_progress(
@@ -297,7 +323,7 @@ def fence_probes(client: redis.Redis, key: str) -> list[tuple[str, Callable[[], 
     end = EndOfStream("probe", 0, "stopped", session="probe")
     return [
         (
-            "EVALSHA (a decoder's session claimed)",
+            "EVAL (a decoder's session claimed)",
             lambda: claim_session(client, keys, "probe", lease, "probe", final=True),
         ),
         (

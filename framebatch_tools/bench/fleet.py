@@ -408,6 +408,9 @@ def unread(client: redis.Redis, keys: StreamKeys, cameras: list[str]) -> list[tu
     ]
 
 
+SAID = (b"kind", b"session", b"seq", b"frames", b"reason")  # of a stuck entry
+
+
 def stuck(client: redis.Redis, keys: StreamKeys, cameras: list[str], shown: int = 5) -> list:
     """What is pending on the first ``shown`` of ``cameras``, on whom, and what it is."""
     found = []
@@ -415,7 +418,10 @@ def stuck(client: redis.Redis, keys: StreamKeys, cameras: list[str], shown: int 
         key = keys.frames(camera)
         for entry in client.xpending_range(key, FRAMES_GROUP, "-", "+", 5):
             fields = client.xrange(key, entry["message_id"], entry["message_id"])
-            found.append((camera, entry, fields[0][1] if fields else "trimmed"))
+            told = "trimmed"
+            if fields:  # what the entry is, without its pixels
+                told = {k.decode(): v.decode() for k, v in fields[0][1].items() if k in SAID}
+            found.append((camera, entry, told))
     return found
 
 

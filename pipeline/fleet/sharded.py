@@ -63,6 +63,8 @@ from streams.redis_errors import OUTAGE_ERRORS
 
 log = logging.getLogger(__name__)
 
+SLOW_TICK_S = 1.0  # a tick longer than this is said, with where it went
+
 
 def decode_lease(config: Config, worker_id: str) -> DecodeLease:
     return DecodeLease(worker_id, int(config.redis.lease_ttl_s * 1000))
@@ -141,12 +143,15 @@ class ShardedDecoders(Part):
 
     # --- the supervisor's tick -----------------------------------------------------------------
     def tick(self) -> None:
+        phases = []
         try:
-            self._follow()
-            if self._clock() >= self._next_tick:
-                self._next_tick = self._clock() + self._leases.tick_s
-                self._lease_tick()
+            for name, phase in (("registry", self._follow), ("leases", self._due_lease_tick)):
+                started = time.monotonic()
+                phase()
+                phases.append((name, time.monotonic() - started))
+            started = time.monotonic()
             self._settle()
+            phases.append(("decoders", time.monotonic() - started))
         except OUTAGE_ERRORS as exc:
             # the decoders ride it out (or are fenced out if it lasts past the TTL); the leases
             # are renewed, or lost, at the next tick that reaches Redis
@@ -157,6 +162,15 @@ class ShardedDecoders(Part):
         if self._outage:
             log.info("decode leases: Redis reachable again")
             self._outage = False
+        if sum(seconds for _, seconds in phases) > SLOW_TICK_S:
+            log.warning(
+                "decode worker tick: %s", ", ".join(f"{name} {s:.2f} s" for name, s in phases)
+            )
+
+    def _due_lease_tick(self) -> None:
+        if self._clock() >= self._next_tick:
+            self._next_tick = self._clock() + self._leases.tick_s
+            self._lease_tick()
 
     def done(self) -> bool:
         """Every registered camera is a file job, decoded (here or by another worker), and no
@@ -303,6 +317,7 @@ class ShardedDecoders(Part):
             ready.append(camera)
         if not ready:
             return
+        started = time.monotonic()
         ended = end_sessions_in_progress(
             self._client,
             self._keys,
@@ -311,6 +326,7 @@ class ShardedDecoders(Part):
             lambda c: f"camera {c!r}: its decode worker was lost (died, or cut off past its lease)",
             final=self._is_file,
         )
+        ended_in = time.monotonic() - started
         for camera, end in ended.items():
             log.warning(
                 "camera %s: session %s of a decode worker lost ended at %d frames",
@@ -321,6 +337,7 @@ class ShardedDecoders(Part):
         EventLog(self._client, self._keys).emit_each(
             [(camera, "crashed", end.error) for camera, end in ended.items()]
         )
+        starting = []
         for camera in ready:
             if camera in ended:
                 self._decoders.keep_end(camera, ended[camera].to_fields())
@@ -329,8 +346,16 @@ class ShardedDecoders(Part):
                     continue
             if self._services.states.state(camera) is None:  # this worker's cameras, in its API
                 self._services.show_camera(self._cameras[camera])
-            self._decoders.add(self._cameras[camera])
+            starting.append(self._cameras[camera])
             log.info("camera %s: decoded here from now (a new session)", camera)
+        self._decoders.add_all(starting)
+        log.info(
+            "%d camera(s) started here in %.2f s (%d lost sessions ended in %.2f s)",
+            len(ready),
+            time.monotonic() - started,
+            len(ended),
+            ended_in,
+        )
 
     def _stop_removed(self, camera: str) -> None:
         if self._decoders.decoding(camera):

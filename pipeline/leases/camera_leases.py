@@ -17,6 +17,7 @@ Every command touches one key, so leases work on Redis Cluster.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import socket
 import threading
@@ -32,6 +33,8 @@ from pipeline.errors import BadInput
 from pipeline.ledger.acks import FENCED_POSITION
 from streams.keys import StreamKeys
 from streams.redis_cluster import server_time_ms
+
+log = logging.getLogger(__name__)
 
 VALID_SHARE = 0.8  # of the TTL: how long after a renewal was sent the leases are trusted
 
@@ -132,6 +135,7 @@ class CameraLeases:
     #: until when (``clock``) the leases held are surely still this worker's: the TTL counted
     #: from before the last renewal was sent, less a margin for the two clocks' rates
     valid_until: float = float("-inf")
+    renewed_at: float = float("inf")  # when the last tick was sent (none yet: never late)
 
     def __post_init__(self) -> None:
         self._heartbeat = self.redis_client.register_script(_HEARTBEAT)
@@ -152,6 +156,15 @@ class CameraLeases:
         A camera whose lease call met an error (a node failing over, a timeout) stays as it
         was, and the first such error is raised once the others are settled."""
         sent = self.clock()
+        if sent - self.renewed_at > self.ttl_s / 2:
+            log.warning(
+                "%s leases: renewed %.1f s after the last renewal (TTL %g s): a starved host "
+                "or a stalled tick; past the TTL, the other workers take its cameras",
+                self.role.name,
+                sent - self.renewed_at,
+                self.ttl_s,
+            )
+        self.renewed_at = sent
         workers = tuple(
             w.decode()
             for w in self._heartbeat(

@@ -22,7 +22,7 @@ from pipeline.batching import CameraRules
 from pipeline.leases.camera_leases import CameraLeases
 from pipeline.stages.changes import CameraChange, CameraChanges
 from pipeline.stages.context import WorkerContext
-from streams.groups import claim_pending
+from streams.groups import claim_pending_each
 from streams.messages import CameraPosition, LedgerEntry
 from streams.redis_errors import is_nogroup
 
@@ -94,30 +94,45 @@ class LeaseKeeper:
                 self._handing_over[camera] = self._changes.pause(camera)
             else:  # won and given up before the reader was told: nothing of it was read
                 leases.release(camera)
-        for camera in sorted(leases.held - self._reading):
-            self._adopt(camera)
-            self._reading.add(camera)
+        gained = sorted(leases.held - self._reading)
+        if gained:
+            self._adopt(gained)
 
-    def _adopt(self, camera: str) -> None:
-        key = self._keys.frames(camera)
-        try:
-            claimed, trimmed = claim_pending(self._redis, key, self._consumer)
-        except redis.ResponseError as exc:
-            if not is_nogroup(exc):
-                raise
-            # Redis lost its data: no group, nothing pending; the reader makes the group
-            claimed, trimmed = 0, 0
-        position = CameraPosition.from_fields(self._redis.hgetall(self._keys.cursor(camera)))
-        self._accounting.track(camera)
-        if trimmed:  # read by the previous worker, then trimmed from the stream: lost
-            self._acks.acknowledge(key, [], self._lost(camera, position.session, trimmed))
-        self._changes.adopt(camera, self._rules(camera), position)
-        log.info(
-            "camera %s: taken over at %s (%d unfinished frames claimed)",
-            camera,
-            position,
-            claimed,
-        )
+    def _adopt(self, cameras: list[str]) -> None:
+        """The cameras won: what their previous workers left pending claimed, their positions
+        read (a few round trips for all), and the reader told.  Only while the leases are
+        surely this worker's: a tick that ran late (a starved host) may have let them run out,
+        and claiming then would take the frames of the worker that holds them now, which,
+        behind the position it adopted, never looks for them again.  Those are adopted after
+        the next renewal."""
+        if not self._leases.valid():
+            return
+        keys = [self._keys.frames(camera) for camera in cameras]
+        claims = claim_pending_each(self._redis, keys, self._consumer)
+        pipe = self._redis.pipeline(transaction=False)
+        for camera in cameras:
+            pipe.hgetall(self._keys.cursor(camera))
+        cursors = pipe.execute()
+        for camera, key, cursor in zip(cameras, keys, cursors, strict=True):
+            claim = claims[key]
+            if isinstance(claim, redis.ResponseError):
+                if not is_nogroup(claim):
+                    raise claim
+                # Redis lost its data: no group, nothing pending; the reader makes the group
+                claim = (0, 0)
+            claimed, trimmed = claim
+            position = CameraPosition.from_fields(cursor)
+            self._accounting.track(camera)
+            if trimmed:  # read by the previous worker, then trimmed from the stream: lost
+                self._acks.acknowledge(key, [], self._lost(camera, position.session, trimmed))
+            self._changes.adopt(camera, self._rules(camera), position)
+            self._reading.add(camera)
+            log.info(
+                "camera %s: taken over at %s (%d unfinished frames claimed)",
+                camera,
+                position,
+                claimed,
+            )
 
     def _lost(self, camera: str, session: str | None, count: int) -> list[LedgerEntry]:
         entries = []

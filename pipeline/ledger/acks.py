@@ -2,8 +2,13 @@
 
 A frame entry is acknowledged (and deleted: frames are ~1 MB, and deleting keeps XLEN equal to
 the backlog) only after its detection message is written by every sink, or in the same
-MULTI/EXEC as, and after, its ledger entry.  A crash between the two repeats a message
-(consumers de-duplicate by ``frame_id``), never loses one.
+MULTI/EXEC (or script) as, and after, its ledger entry.  A crash between the two repeats a
+message (consumers de-duplicate by ``frame_id``), never loses one.
+
+A detector worker under camera leases writes what it found of a camera and acknowledges its
+frames only while no other worker holds the camera's lease, each camera's writes in one
+script that looks first: a worker whose renewal ran late must not count or acknowledge what
+the camera's new holder reads.
 """
 
 from __future__ import annotations

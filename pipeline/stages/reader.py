@@ -244,7 +244,7 @@ class FrameReader:
 
     def _acknowledge(self, key: str, ids: list[bytes], entries: list[LedgerEntry]) -> None:
         """Ledger entries the accounting just wrote, and the acknowledgement; with the
-        camera's position in the same transaction when positions are kept (a worker taking
+        camera's position in the same script when positions are kept (a worker taking
         the camera over must neither miss nor repeat these entries)."""
         position = self._handover.position(self._camera_of[key])
         if not self._acks.acknowledge(key, ids, entries, position=position):

@@ -38,7 +38,13 @@ from pipeline.supervisor.services import Services
 from streams.decode_process import DecoderJob, Message, ProcessSettings
 from streams.decode_worker import DecoderSpec, ProcessFlag
 from streams.events import EventLog
-from streams.fence import LEASE_LOST, DecodeLease, claim_session, end_session_in_progress
+from streams.fence import (
+    LEASE_LOST,
+    DecodeLease,
+    SessionClaim,
+    claim_sessions,
+    end_session_in_progress,
+)
 from streams.keys import StreamKeys
 from streams.messages import EndOfStream, message_kind, new_session_id, session_progress
 from streams.redis_errors import OUTAGE_ERRORS
@@ -217,19 +223,28 @@ class DecoderSupervisor(Part):
     # --- cameras --------------------------------------------------------------------------------
     def add(self, camera: CameraConfig) -> None:
         """Start the camera's decoder (a camera removed before may come back under its id)."""
-        self._camera_ids.add(camera.id)
-        spec = decoder_spec(
-            camera,
-            default_backlog=self._config.redis.frames_maxlen,
-            until_done=self._until_done,
-            decode_threads=decode_threads(self._config, len(self._camera_ids)),
-            # a live camera keeps at most one batch waiting in its stream: beyond that the
-            # pipeline is behind, and older frames would only raise the latency
-            live_backlog=self._config.batching.max_batch_size,
-        )
-        spec = replace(spec, lease=self._lease)
-        self._decoders[camera.id] = _Decoder(spec)  # or a camera removed before, back
-        self._start(spec)
+        self.add_all([camera])
+
+    def add_all(self, cameras: list[CameraConfig]) -> None:
+        """:meth:`add` for many cameras, their sessions claimed together (a decode worker taking
+        over a lost host's cameras)."""
+        specs = []
+        for camera in cameras:
+            self._camera_ids.add(camera.id)
+        for camera in cameras:
+            spec = decoder_spec(
+                camera,
+                default_backlog=self._config.redis.frames_maxlen,
+                until_done=self._until_done,
+                decode_threads=decode_threads(self._config, len(self._camera_ids)),
+                # a live camera keeps at most one batch waiting in its stream: beyond that the
+                # pipeline is behind, and older frames would only raise the latency
+                live_backlog=self._config.batching.max_batch_size,
+            )
+            spec = replace(spec, lease=self._lease)
+            self._decoders[camera.id] = _Decoder(spec)  # or a camera removed before, back
+            specs.append(spec)
+        self._start(specs)
 
     def remove(self, camera: str) -> None:
         """Stop the camera's decoder for good; one that hangs is killed after a while."""
@@ -306,26 +321,25 @@ class DecoderSupervisor(Part):
             max_frame_bytes=self._letterbox.max_bytes,
         )
 
-    def _start(self, spec: DecoderSpec) -> None:
-        """Starts a decoder for a new session (under a lease: claimed first, else not started,
-        and the camera left to the leases)."""
-        decoder = self._decoders[spec.camera]
-        if spec.lease is not None:
-            decoder.session = new_session_id()
-            claimed = claim_session(
-                self._client,
-                self._keys,
-                spec.camera,
-                spec.lease,
-                decoder.session,
-                final=spec.file_job,
-            )
-            if not claimed:
+    def _start(self, specs: list[DecoderSpec]) -> None:
+        """Starts a decoder for a new session of each (under a lease: claimed first, all in one
+        round trip, else not started, and the camera left to the leases)."""
+        claims = []
+        for spec in specs:
+            if spec.lease is not None:
+                session = self._decoders[spec.camera].session = new_session_id()
+                claims.append(SessionClaim(spec.camera, session, spec.file_job))
+        claimed = {}
+        if claims and self._lease is not None:
+            claimed = claim_sessions(self._client, self._keys, self._lease, claims)
+        for spec in specs:
+            decoder = self._decoders[spec.camera]
+            if spec.lease is not None and not claimed[spec.camera]:
                 decoder.lost = decoder.finished = True
-                return
-        self._sessions[spec.camera] = self._sessions.get(spec.camera, 0) + 1  # each ends once
-        decoder.ended = False
-        self._processes.start(self._job(spec))
+                continue
+            self._sessions[spec.camera] = self._sessions.get(spec.camera, 0) + 1  # each ends once
+            decoder.ended = False
+            self._processes.start(self._job(spec))
 
     def _received(self, message: Message) -> None:
         """A decoder's session ended (its end entry, kept until read), or its thread exited:
@@ -389,7 +403,7 @@ class DecoderSupervisor(Part):
             return
         if decoder.restart_at is not None and now >= decoder.restart_at and not self._stopping:
             # (a decoder abandoned or removed has no restart due)
-            self._start(decoder.spec)
+            self._start([decoder.spec])
             decoder.restart_at, decoder.started_at = None, now
             self._states.set(camera, "starting")
 

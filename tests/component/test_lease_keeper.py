@@ -102,7 +102,26 @@ def test_a_camera_won_in_a_tick_cut_short_is_adopted_at_the_next(redis_client, k
     hold.answered = 1  # "a" is won, then the lease call for "b" times out
     with pytest.raises(redis.TimeoutError):
         tick(keeper, clock)
-    assert told(changes) == [("adopt", "a")]
+    # held, but adopted (its pending frames claimed) only once a renewal went through whole
+    assert told(changes) == []
     hold.answered = None
     tick(keeper, clock)
-    assert told(changes) == [("adopt", "b"), ("adopt", "c")]
+    assert told(changes) == [("adopt", "a"), ("adopt", "b"), ("adopt", "c")]
+
+
+def test_a_camera_is_not_adopted_once_the_leases_may_have_run_out(redis_client, keeper_parts):
+    """A tick that ran late on a starved host: claiming now would take the frames of the
+    worker that may hold the camera by now, behind the position it adopted, where it never
+    looks for them again."""
+    keeper, clock, hold, changes, keys = keeper_parts
+    frames = keys.frames("a")
+    redis_client.xadd(frames, {"seq": "0"})
+    redis_client.xreadgroup("framebatch-batcher", "w2", {frames: ">"})  # w2 holds "a" now
+    keeper._leases.valid_until = clock.now  # the renewal's trust ran out as the tick ended
+    clock.now += 1.0
+    keeper._leases.held.add("a")  # as the last renewal, long ago, left it
+    keeper._settle()
+    assert told(changes) == []
+    assert redis_client.xpending(frames, "framebatch-batcher")["consumers"] == [
+        {"name": b"w2", "pending": 1}
+    ]
