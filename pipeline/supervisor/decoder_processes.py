@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import queue
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,10 +20,37 @@ from streams.decode_worker import ProcessFlag
 log = logging.getLogger(__name__)
 
 
+class Outbox:
+    """Jobs and stops for one decode process, sent by a thread of its own: a process still
+    starting (its imports take seconds on a starved host) or busy opening cameras leaves its
+    pipe full, and a send then waits; the supervisor's tick, which renews the decode leases,
+    waited 1-4 s so with 200 cameras to start, and the worker's heartbeat ran out."""
+
+    def __init__(self, control: Connection, name: str):
+        self._control = control
+        self._messages: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
+        threading.Thread(target=self._send_each, name=name, daemon=True).start()
+
+    def put(self, message: Message) -> None:
+        self._messages.put(message)
+
+    def close(self) -> None:
+        """No more messages (those queued are still sent, to a process still there)."""
+        self._messages.put(None)
+
+    def _send_each(self) -> None:
+        while (message := self._messages.get()) is not None:
+            try:
+                self._control.send(message)
+            except OSError:
+                return  # it died: found dead on the next tick, its cameras with it
+
+
 @dataclass
 class DecodeProcess:
     process: BaseProcess
     control: Connection  # both ways: jobs and stops to it, end entries and exits from it
+    outbox: Outbox  # what is sent on ``control``
     stop: ProcessFlag  # its own: a decoder killed while waiting cannot hang set()
     cameras: dict[str, int] = field(default_factory=dict)  # threads not exited yet: their run
     stopping: bool = False
@@ -60,12 +89,12 @@ class DecoderProcesses:
             or self._spawn()
         )
         placed.cameras[camera] = job.run
-        self._send(placed, ("start", job))
+        placed.outbox.put(("start", job))
 
     def stop_camera(self, camera: str) -> None:
         for process in self._processes:
             if camera in process.cameras:
-                self._send(process, ("stop", camera))
+                process.outbox.put(("stop", camera))
 
     def stop_all(self) -> None:
         for process in self._processes:
@@ -92,6 +121,7 @@ class DecoderProcesses:
             process.process.join()
             last = list(self._drain(process))
             self._processes.remove(process)
+            process.outbox.close()
             process.control.close()
             yield process, last, sorted(process.cameras.items())
 
@@ -127,6 +157,7 @@ class DecoderProcesses:
         self.stop_and_join(timeout_s)
         pids = [p.pid for p in self._processes]
         for process in self._processes:
+            process.outbox.close()
             process.control.close()
         self._processes = []
         return pids
@@ -146,15 +177,9 @@ class DecoderProcesses:
         )
         process.start()
         theirs.close()  # the process holds its own copy
-        spawned = DecodeProcess(process, ours, stop)
+        spawned = DecodeProcess(process, ours, Outbox(ours, f"{process.name}-outbox"), stop)
         self._processes.append(spawned)
         return spawned
-
-    def _send(self, process: DecodeProcess, message: Message) -> None:
-        try:
-            process.control.send(message)
-        except OSError:
-            pass  # it died: found dead on the next tick, its cameras with it
 
     def _drain(self, process: DecodeProcess) -> Iterator[Message]:
         try:
