@@ -63,7 +63,7 @@ from pipeline.supervisor.decoders import DecoderSupervisor
 from pipeline.supervisor.detectors import DetectorPool, PoolResources
 from pipeline.supervisor.endpoint import bind_http, start_http
 from pipeline.supervisor.outputs import OutputsPart
-from pipeline.supervisor.part import Part
+from pipeline.supervisor.part import SLOW_TICK_S, Part
 from pipeline.supervisor.services import Services, open_services
 from pipeline.supervisor.status_events import EventRelay
 from pipeline.telemetry import NO_TELEMETRY, Telemetry
@@ -73,7 +73,6 @@ from streams.sinks import DetectionSink, SinkContext, open_sinks
 log = logging.getLogger(__name__)
 
 SUPERVISE_TICK_S = 0.2
-SLOW_TICK_S = 1.0  # a supervisor tick longer than this is said (with where it went)
 OnEvent = Callable[[dict[str, str]], None]  # a decoder status event, as it comes
 
 

@@ -49,7 +49,7 @@ from pipeline.leases.camera_leases import (
 )
 from pipeline.leases.placement import Placement, place
 from pipeline.supervisor.decoders import DecoderSupervisor
-from pipeline.supervisor.part import Part
+from pipeline.supervisor.part import SLOW_TICK_S, Part
 from pipeline.supervisor.services import Services
 from streams.events import EventLog
 from streams.fence import (
@@ -62,8 +62,6 @@ from streams.fence import (
 from streams.redis_errors import OUTAGE_ERRORS
 
 log = logging.getLogger(__name__)
-
-SLOW_TICK_S = 1.0  # a tick longer than this is said, with where it went
 
 
 def decode_lease(config: Config, worker_id: str) -> DecodeLease:

@@ -3,6 +3,10 @@ detector workers, live camera changes, decoder status events) is a :class:`Part`
 
 from __future__ import annotations
 
+#: a tick longer than this is logged, with where it went: leases are renewed on the
+#: supervisor's thread, and a tick that stalls past their TTL lets a live worker's run out
+SLOW_TICK_S = 1.0
+
 
 class Part:
     """Started, ticked every ``SUPERVISE_TICK_S`` on the supervisor's thread, then asked to
