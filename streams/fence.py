@@ -23,6 +23,7 @@ file job is never claimed again.  Every key is the camera's (one Cluster slot).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -31,6 +32,8 @@ from redis.exceptions import ClusterDownError, TryAgainError
 
 from streams.keys import StreamKeys
 from streams.messages import EndOfStream, session_progress
+
+log = logging.getLogger(__name__)
 
 #: KEYS: lease, progress: the lease's owner and the session in progress, looked at under WATCH
 _LOOK = "return {redis.call('GET', KEYS[1]), redis.call('HGET', KEYS[2], 'session')}"
@@ -207,7 +210,9 @@ def claim_sessions(
     one pipeline (a round trip per node on a cluster: a worker taking over a lost host's
     hundreds of cameras took a round trip each, seconds on a starved host, its lease renewals
     waiting behind them).  False for a camera whose lease is another worker's, whose session
-    is still in progress (end it first), or whose file is decoded."""
+    is still in progress (end it first), or whose file is decoded; and for one whose claim
+    met an error (a node refusing it), which is logged: the camera is tried again at the
+    next tick, not the others with it."""
     pipe = client.pipeline(transaction=False)
     for claim in claims:
         claim_keys = [
@@ -218,8 +223,14 @@ def claim_sessions(
         args = [lease.worker, lease.ttl_ms, claim.session, "1" if claim.final else "0"]
         # EVAL as a plain command: a cluster's pipeline has no eval() of its own
         pipe.execute_command("EVAL", _CLAIM, len(claim_keys), *claim_keys, *args)
-    answers = pipe.execute() if claims else []
-    return {claim.camera: bool(answer) for claim, answer in zip(claims, answers, strict=True)}
+    answers = pipe.execute(raise_on_error=False) if claims else []
+    claimed = {}
+    for claim, answer in zip(claims, answers, strict=True):
+        failed = isinstance(answer, Exception)
+        if failed:
+            log.warning("camera %s: session not claimed (%s); tried again", claim.camera, answer)
+        claimed[claim.camera] = not failed and bool(answer)
+    return claimed
 
 
 def claim_session(

@@ -108,16 +108,20 @@ class LeaseKeeper:
         if not self._leases.valid():
             return
         keys = [self._keys.frames(camera) for camera in cameras]
-        claims = claim_pending_each(self._redis, keys, self._consumer)
+        # the positions first: what a claim finds trimmed is known from its answer alone, so
+        # every camera's is written before anything can fail (an error raised after the others)
         pipe = self._redis.pipeline(transaction=False)
         for camera in cameras:
             pipe.hgetall(self._keys.cursor(camera))
         cursors = pipe.execute()
+        claims = claim_pending_each(self._redis, keys, self._consumer)
+        failed: redis.ResponseError | None = None
         for camera, key, cursor in zip(cameras, keys, cursors, strict=True):
             claim = claims[key]
             if isinstance(claim, redis.ResponseError):
                 if not is_nogroup(claim):
-                    raise claim
+                    failed = failed or claim  # adopted at the next settle
+                    continue
                 # Redis lost its data: no group, nothing pending; the reader makes the group
                 claim = (0, 0)
             claimed, trimmed = claim
@@ -133,6 +137,8 @@ class LeaseKeeper:
                 position,
                 claimed,
             )
+        if failed is not None:
+            raise failed
 
     def _lost(self, camera: str, session: str | None, count: int) -> list[LedgerEntry]:
         entries = []

@@ -165,7 +165,10 @@ class Accounting:
                 state.last_seq = -1
             elif state.last_seq > position.last_seq:
                 # what this worker read past the position was refused in Redis (another
-                # worker held the lease then): those frames are read again from there
+                # worker held the lease then): those frames are read again from there, and
+                # count twice in this worker's own figures (once as read then, once again),
+                # which so still add up; Redis, which the audit reads, has them once
+                state.earlier_sessions += state.last_seq - position.last_seq
                 state.last_seq = position.last_seq
             state.session = position.session
             state.handed_over += position.last_seq - state.last_seq

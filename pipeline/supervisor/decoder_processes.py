@@ -28,6 +28,7 @@ class Outbox:
 
     def __init__(self, control: Connection, name: str):
         self._control = control
+        self._name = name
         self._messages: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
         threading.Thread(target=self._send_each, name=name, daemon=True).start()
 
@@ -35,7 +36,8 @@ class Outbox:
         self._messages.put(message)
 
     def close(self) -> None:
-        """No more messages (those queued are still sent, to a process still there)."""
+        """No more messages (the process is gone or stopped: what is still queued is not
+        sent)."""
         self._messages.put(None)
 
     def _send_each(self) -> None:
@@ -44,6 +46,8 @@ class Outbox:
                 self._control.send(message)
             except OSError:
                 return  # it died: found dead on the next tick, its cameras with it
+            except Exception:  # a message that cannot be sent: said, and the next ones go on
+                log.exception("%s: a %s message not sent", self._name, message[0])
 
 
 @dataclass

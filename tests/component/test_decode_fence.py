@@ -13,8 +13,10 @@ from pipeline.leases.camera_leases import DECODERS, CameraLeases
 from streams.fence import (
     DecodeLease,
     LeaseLost,
+    SessionClaim,
     SessionFence,
     claim_session,
+    claim_sessions,
     end_session_in_progress,
     end_sessions_in_progress,
     file_decoded,
@@ -218,3 +220,19 @@ def test_a_take_over_between_the_look_and_the_write_stops_the_write(redis_url, k
     finally:
         client.close()
         other.close()
+
+
+def test_sessions_are_claimed_together_and_one_refused_by_redis_leaves_the_others_claimed(
+    redis_client, keys
+):
+    """A worker taking over hundreds of cameras claims their sessions in one pipeline: a claim
+    Redis answers with an error (here a progress key of the wrong type) is not claimed, and
+    tried again at the next tick; the others are claimed."""
+    redis_client.set(keys.progress("broken"), "not a hash")
+    claims = [SessionClaim(camera, f"s-{camera}", False) for camera in ("c1", "broken", "c2")]
+    assert claim_sessions(redis_client, keys, A, claims) == {
+        "c1": True,
+        "broken": False,
+        "c2": True,
+    }
+    assert session_progress(redis_client.hgetall(keys.progress("c2")))[0] == "s-c2"
