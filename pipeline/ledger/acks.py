@@ -8,7 +8,9 @@ message (consumers de-duplicate by ``frame_id``), never loses one.
 A detector worker under camera leases writes what it found of a camera and acknowledges its
 frames only while no other worker holds the camera's lease, each camera's writes in one
 script that looks first: a worker whose renewal ran late must not count or acknowledge what
-the camera's new holder reads.
+the camera's new holder reads.  Nor does a camera's kept position ever move back: a write
+re-sent late by a worker that was cut off can arrive while nobody holds the lease, after
+another worker read the camera further.
 """
 
 from __future__ import annotations
@@ -37,14 +39,42 @@ def _unless_another_holds(lease: str, refused: str) -> str:
     )
 
 
+#: Lua: ``behind(cursor, from, to)``, whether the position in ``ARGV[from..to]`` (field, value
+#: pairs) has a stream id (``entry_id``) older than the one kept in ``cursor``: a write that
+#: would move the camera's position back, made before another worker read the camera further
+#: and arriving only now (re-sent by the client of a worker that was cut off, while the lease
+#: is nobody's).  Stream ids only grow (every frame is added with ``*``), so a kept position
+#: ahead of the one written is always the newer one.
+_BEHIND = """
+local function stream_id(text)
+  local ms, seq = string.match(text or '', '^(%d+)-(%d+)$')
+  if not ms then return nil end
+  return tonumber(ms), tonumber(seq)
+end
+local function behind(cursor, from, to)
+  for i = from, to - 1, 2 do
+    if ARGV[i] == 'entry_id' then
+      local kept_ms, kept_seq = stream_id(redis.call('HGET', cursor, 'entry_id'))
+      local ms, seq = stream_id(ARGV[i + 1])
+      if not kept_ms or not ms then return false end
+      return ms < kept_ms or (ms == kept_ms and seq < kept_seq)
+    end
+  end
+  return false
+end
+"""
+
 #: KEYS: cursor, lease; ARGV: the worker, then field, value pairs.  A camera's position is
-#: written only while no other worker holds its lease: a write of a worker cut off from Redis,
-#: sent again by its client once the network is back, must not move the new owner's position
-#: back.  Sent as EVAL, not EVALSHA: inside MULTI an unknown sha fails only at EXEC, after the
-#: rest of the transaction went through, and redis-py's cluster pipelines refuse EVALSHA.
+#: written only while no other worker holds its lease, and never moved back: a write of a
+#: worker cut off from Redis, sent again by its client once the network is back, must not move
+#: the new owner's position back.  Sent as EVAL, not EVALSHA: inside MULTI an unknown sha fails
+#: only at EXEC, after the rest of the transaction went through, and redis-py's cluster
+#: pipelines refuse EVALSHA.
 FENCED_POSITION = (
-    _unless_another_holds("KEYS[2]", "0")
+    _BEHIND
+    + _unless_another_holds("KEYS[2]", "0")
     + """
+if behind(KEYS[1], 2, #ARGV) then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 2))
 return 1
 """
@@ -80,16 +110,22 @@ def _acknowledge_the_rest(stream: str) -> str:
 #: number of ledger entries, the entries, the position's field count (0: none) then its
 #: fields and values, the frames group, then the frame ids.  What a reader found of a camera
 #: (drops, a session's end, its position) and the acknowledgement of the entries that showed
-#: it go through together, and not at all for a worker whose camera another worker holds now
-#: (the reply is then the frames key): that one follows on from the position it adopted,
-#: counts what is missing after it itself, and claims the entries left pending here.  Written
-#: by a worker whose lease ran out unnoticed, such drops were counted twice, once as frames
-#: its holder had detected.
+#: it go through together, and not at all for a worker whose camera another worker holds now,
+#: or read further than this position (the reply is then the frames key): that one follows on
+#: from the position it adopted, counts what is missing after it itself, and claims the
+#: entries left pending here.  Written by a worker whose lease ran out unnoticed, such drops
+#: were counted twice, once as frames its holder had detected.
 FENCED_LEDGER_ACK = (
-    _unless_another_holds("KEYS[1]", "KEYS[4]")
-    + "local at = 4\n"
+    _BEHIND
+    + _unless_another_holds("KEYS[1]", "KEYS[4]")
+    + """local at = 4
+for _ = 1, tonumber(ARGV[3]) do at = at + tonumber(ARGV[at]) + 1 end
+local n = tonumber(ARGV[at])
+if behind(KEYS[3], at + 1, at + n) then return KEYS[4] end
+at = 4
+"""
     + _append_each("KEYS[2]", "ARGV[2]", "ARGV[3]")
-    + """local n = tonumber(ARGV[at])
+    + """n = tonumber(ARGV[at])
 if n > 0 then redis.call('HSET', KEYS[3], unpack(ARGV, at + 1, at + n)) end
 at = at + n + 1
 """
@@ -196,13 +232,14 @@ class FrameAcks:
     ) -> bool:
         """Ledger entries first (with the camera's ``position`` when given), then the
         acknowledgement, in one round trip.  False: refused, another worker holds the
-        camera's lease now."""
+        camera's lease now or kept a position past this one."""
         return not self.acknowledge_streams([StreamAck(key, ids, entries or [], position)])
 
     def acknowledge_streams(self, acks: list[StreamAck]) -> set[str]:
         """Each stream's ledger entries, position and acknowledgement, all in one round trip
         (one per node on a cluster); returns the cameras refused: another worker holds their
-        lease now, and nothing of theirs was written (their entries stay pending for it).  A
+        lease now (or kept a position past theirs), and nothing of theirs was written (their
+        entries stay pending for the holder).  A
         worker without leases writes them in one transaction a camera."""
         if self._lease_holder is None:
             tx = self.transactions()

@@ -252,12 +252,15 @@ class FrameReader:
 
     @staticmethod
     def _refused(cameras: set[str]) -> None:
-        """Writes another worker's lease refused: it took these cameras while this worker's
-        renewal ran late, and counts from the position it adopted what was refused here (the
-        lease keeper lets them go at its next renewal)."""
+        """Writes refused: another worker took these cameras while this worker's renewal ran
+        late (or read them on and let go meanwhile), and counts from the position it adopted
+        what was refused here (the lease keeper lets them go, or adopts them again from that
+        position, at its next renewal)."""
         for camera in sorted(cameras):
             log.info(
-                "camera %s: another worker holds it now; what was read of it is left to it", camera
+                "camera %s: another worker holds it now, or read it further; what was read of "
+                "it here is left to the position kept in Redis",
+                camera,
             )
 
     def _recreate_groups(self, keys: list[str] | None = None) -> None:

@@ -109,3 +109,50 @@ def test_a_worker_without_leases_writes_whatever_the_lease_keys_say(redis_client
     assert written(redis_client, keys, "yard")[1] == 0
     with pytest.raises(RuntimeError, match="positions are kept by detector workers"):
         acks.acknowledge(keys.frames("gate"), [], position=CameraPosition("s1", 1))
+
+
+def test_a_position_behind_the_kept_one_writes_nothing(redis_client, pending):
+    """A write re-sent late by a worker that was cut off, arriving while nobody holds the
+    lease, after another worker read the camera further: it would move the position back, and
+    the next holder would count the frames since as dropped, though they were detected."""
+    keys, ids = pending
+    ahead = CameraPosition("s1", 9, entry_id="20-1")
+    redis_client.hset(keys.cursor("gate"), mapping=ahead.to_fields())  # w2 read on, then left
+    stale = CameraPosition("s1", 5, entry_id="20-0")
+    assert not acks_of(redis_client, keys).acknowledge(
+        keys.frames("gate"), ids["gate"], [overflow("gate", 2, 3)], position=stale
+    )
+    ledger, left, cursor = written(redis_client, keys, "gate")
+    assert ledger == [] and left == 2 and CameraPosition.from_fields(cursor) == ahead
+
+
+def test_a_position_written_alone_never_moves_back(redis_client, pending):
+    keys, _ = pending
+    acks = acks_of(redis_client, keys)
+
+    def record(position: CameraPosition) -> CameraPosition:
+        tx = acks.transactions(atomic=False)
+        acks.record_position(tx, "gate", position)
+        acks.execute(tx)
+        return CameraPosition.from_fields(redis_client.hgetall(keys.cursor("gate")))
+
+    ahead = CameraPosition("s1", 9, entry_id="20-1")
+    assert record(ahead) == ahead
+    assert record(CameraPosition("s1", 5, entry_id="3-0")) == ahead  # re-sent late
+    ended = CameraPosition("s1", 9, ended=True, entry_id="20-1")  # the same entry, read on
+    assert record(ended) == ended
+
+
+def test_a_position_at_or_past_the_kept_one_is_written(redis_client, pending):
+    keys, ids = pending
+    redis_client.hset(
+        keys.cursor("gate"), mapping=CameraPosition("s1", 1, entry_id="8-0").to_fields()
+    )
+    position = CameraPosition("s1", 5, entry_id="8-1")
+    acks = acks_of(redis_client, keys)
+    assert acks.acknowledge(keys.frames("gate"), ids["gate"][:1], [], position=position)
+    assert acks.acknowledge(keys.frames("gate"), ids["gate"][1:], [], position=position)
+    assert written(redis_client, keys, "gate")[1:] == (
+        0,
+        {k.encode(): str(v).encode() for k, v in position.to_fields().items()},
+    )
