@@ -37,6 +37,9 @@ from streams.redis_cluster import server_time_ms
 log = logging.getLogger(__name__)
 
 VALID_SHARE = 0.8  # of the TTL: how long after a renewal was sent the leases are trusted
+#: of the TTL: how long after a renewal was sent the leases are surely still in Redis (a
+#: margin for the two clocks' rates); one renewed later may have run out and been taken meanwhile
+HELD_SHARE = 0.95
 
 #: KEYS[1] workers zset; ARGV: ttl ms, worker id.  Drops the workers whose heartbeat ran out,
 #: renews this one's, and returns the live workers.
@@ -135,7 +138,13 @@ class CameraLeases:
     #: until when (``clock``) the leases held are surely still this worker's: the TTL counted
     #: from before the last renewal was sent, less a margin for the two clocks' rates
     valid_until: float = float("-inf")
+    held_until: float = float("-inf")  # until when they are surely still in Redis
     renewed_at: float = float("inf")  # when the last tick was sent (none yet: never late)
+    #: held again by the last tick, whose renewal came when their leases may have run out:
+    #: another worker may have taken them, read on and let go meanwhile, so this worker takes
+    #: them over again from the position kept in Redis rather than reading on from its own
+    #: (``LeaseKeeper``; a decoder's frames are fenced by its session's claim instead)
+    retaken: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self._heartbeat = self.redis_client.register_script(_HEARTBEAT)
@@ -177,7 +186,9 @@ class CameraLeases:
         )
         wins = {camera for camera in self.cameras if owner(camera) == self.worker_id}
         mine = self.held | self.handing_over
+        self.retaken = set()
         answers = self._hold_leases([c for c in self.cameras if c in mine or c in wins])
+        lapsed = self.clock() >= self.held_until  # the renewal arrived at the latest now
         for camera, answer in answers.items():
             if isinstance(answer, Exception):
                 continue
@@ -186,15 +197,27 @@ class CameraLeases:
                     lost.append(camera)
                     self.held.discard(camera)
                     self.handing_over.discard(camera)
-                elif camera not in wins and camera in self.held:
+                    continue
+                if lapsed:
+                    self.retaken.add(camera)
+                if camera not in wins and camera in self.held:
                     handing_over.append(camera)
                     self.held.discard(camera)
                     self.handing_over.add(camera)
             elif answer:
                 gained.append(camera)
                 self.held.add(camera)
+        if self.retaken:
+            log.warning(
+                "%s leases: %d renewed only %.1f s after the last renewal went out (TTL %g s): "
+                "they may have run out meanwhile; taken over again from Redis",
+                self.role.name,
+                len(self.retaken),
+                self.clock() - (self.held_until - self.ttl_s * HELD_SHARE),
+                self.ttl_s,
+            )
         _raise_first_error(answers)
-        self.valid_until = sent + self.ttl_s * VALID_SHARE
+        self._renewed(sent)
         return LeaseChanges(tuple(gained), tuple(lost), tuple(handing_over), workers)
 
     def valid(self) -> bool:
@@ -213,7 +236,13 @@ class CameraLeases:
                 self.held.discard(camera)
                 self.handing_over.discard(camera)
         _raise_first_error(answers)
+        self._renewed(sent)
+
+    def _renewed(self, sent: float) -> None:
+        """Every lease held was renewed by calls sent at ``sent`` (they set the TTL when they
+        arrived, later)."""
         self.valid_until = sent + self.ttl_s * VALID_SHARE
+        self.held_until = sent + self.ttl_s * HELD_SHARE
 
     def add_camera(self, camera: str) -> None:
         """A camera registered while the worker runs: competed for from the next tick."""

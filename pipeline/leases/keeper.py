@@ -7,7 +7,10 @@ lease tick decided into changes of the worker's reader.
 * lost (another worker holds it already: this one was cut off past the TTL): read no more,
   and the frames waiting in the batching queue stay pending for the other worker;
 * handing over (another worker wins it now): read no more, finish what was read, then let
-  the lease go.
+  the lease go;
+* held again by a renewal that came when the lease may have run out (a host cut off or
+  starved past the TTL, a camera that another worker may have read on and let go meanwhile):
+  dropped and adopted again, from the position kept in Redis.
 """
 
 from __future__ import annotations
@@ -82,6 +85,13 @@ class LeaseKeeper:
     def _settle(self) -> None:
         """Tell the reader what changed in the leases since it was last told."""
         leases = self._leases
+        told = self._reading | set(self._handing_over)
+        for camera in sorted(leases.retaken & told):
+            # its lease may have run out, and another worker read on from here meanwhile:
+            # adopted again below (or handed over at once), from the position kept in Redis
+            self._reading.discard(camera)
+            self._handing_over.pop(camera, None)
+            self._changes.drop(camera)
         told = self._reading | set(self._handing_over)
         for camera in sorted(told - leases.held - leases.handing_over):
             log.warning("camera %s: its lease went to another worker; stopped reading it", camera)

@@ -16,6 +16,7 @@ from pipeline.stages.changes import CameraChanges
 from pipeline.stages.context import WorkerContext
 from streams.groups import ensure_group
 from streams.keys import StreamKeys
+from streams.messages import CameraPosition
 
 CAMERAS = ["a", "b", "c"]
 
@@ -125,3 +126,36 @@ def test_a_camera_is_not_adopted_once_the_leases_may_have_run_out(redis_client, 
     assert redis_client.xpending(frames, "framebatch-batcher")["consumers"] == [
         {"name": b"w2", "pending": 1}
     ]
+
+
+def test_a_camera_held_again_after_its_lease_may_have_run_out_is_taken_over_again(
+    redis_client, keeper_parts
+):
+    """w1 was cut off past the TTL; meanwhile w2 took "a", read it on and let it go.  Renewed
+    on w1's return, "a" is adopted again from w2's position, not read on from w1's own (which
+    would count w2's frames as dropped)."""
+    keeper, clock, hold, changes, keys = keeper_parts
+    tick(keeper, clock)
+    assert told(changes) == [("adopt", camera) for camera in CAMERAS]
+    tick(keeper, clock)  # renewed in time: nothing to tell
+    assert told(changes) == []
+    w2 = CameraPosition("s1", 41, entry_id="99-0")
+    redis_client.hset(keys.cursor("a"), mapping=w2.to_fields())
+    for camera in CAMERAS:
+        redis_client.delete(keys.lease(camera))  # run out while w1 was away
+    clock.now += 5.0  # the cut: past the 3 s TTL
+    tick(keeper, clock)
+    taken = changes.take()
+    assert [(c.kind, c.camera) for c in taken] == [("drop", camera) for camera in CAMERAS] + [
+        ("adopt", camera) for camera in CAMERAS
+    ]
+    assert taken[3].position == w2
+
+
+def test_a_renewal_a_little_late_but_within_the_ttl_is_no_take_over(redis_client, keeper_parts):
+    keeper, clock, hold, changes, keys = keeper_parts
+    tick(keeper, clock)
+    told(changes)
+    clock.now += 1.7  # 2.7 s after the last renewal went out: late, within the 3 s TTL
+    keeper.tick()
+    assert told(changes) == []
