@@ -22,7 +22,7 @@ from streams.groups import ensure_group
 from streams.keys import StreamKeys
 from streams.messages import DetectionMessage, Fields
 from streams.object_events import ObjectEvent
-from streams.redis_cluster import GroupsMissing, read_streams
+from streams.redis_cluster import GroupsMissing, StreamPolls, read_streams
 from streams.redis_errors import is_nogroup
 
 DEFAULT_BLOCK_MS = 500
@@ -96,6 +96,7 @@ class DetectionConsumer:
         self._consumer = consumer or f"consume-{os.getpid()}"
         self._block_ms = block_ms
         self._positions: dict[str, str] = {}
+        self._polls = StreamPolls()  # on a cluster: which streams to ask, each time
         self._discovered_at: float | None = None
         self._dedupe = dedupe
         # (camera, session) -> furthest position delivered, least recently seen first
@@ -189,6 +190,7 @@ class DetectionConsumer:
                 group=self._group,
                 consumer=self._consumer,
                 block_ms=block_ms,
+                polls=self._polls,
             )
         except GroupsMissing as exc:  # a cluster node lost its data; the others' reads came
             for key in exc.keys:

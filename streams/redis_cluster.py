@@ -11,8 +11,9 @@ one camera is legal; what it does to several cameras at once is split here:
   acknowledgements) go in one pipeline, which redis-py sends each node its share of.
 - :func:`read_streams`: XREAD / XREADGROUP over several streams.  On a single Redis one call,
   blocking; on a cluster one non-blocking read per stream, pipelined (redis-py sends each
-  node its share), polled every ``CLUSTER_POLL_S`` while nothing comes: a blocking read would
-  hold one node's connection while frames arrive on another.
+  node its share), polled while nothing comes (a blocking read would hold one node's
+  connection while frames arrive on another): every ``CLUSTER_POLL_S``, or, for a reader that
+  keeps a :class:`StreamPolls`, each stream after waits that grow while it gives nothing.
 """
 
 from __future__ import annotations
@@ -43,6 +44,115 @@ T = TypeVar("T")
 
 #: How often an idle reader asks a cluster again; the most a frame waits for it.
 CLUSTER_POLL_S = 0.005
+
+#: A cluster reader asks a stream whose entries come at a steady interval every
+#: ``CLUSTER_POLL_S`` only around when the next one is due, and one that gives nothing otherwise
+#: (overdue, or with no steady interval) after an eighth of the time it has been so, at most
+#: ``IDLE_POLL_MAX_S`` (``StreamPolls``): asked every 5 ms, a camera sampled at 0.5 fps was
+#: asked 400 times between two frames, 222 XREADGROUPs a frame at 250 cameras a worker
+#: (docs/benchmarks.md, "The fleet")
+IDLE_POLL_SHARE = 0.125
+IDLE_POLL_MAX_S = 0.25
+
+
+class StreamPolls:
+    """When a reader asks each of its streams on a cluster next: at once after one gave
+    entries; while it gives none, around when its next entry is due (from the interval
+    between its entries' ids, and their lead on this reader's clock), and otherwise after
+    waits that grow with the time it has been quiet or overdue.  A group's stream read from
+    an id other than ``>`` (a reader's own pending entries) is always asked."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._due: dict[str, float] = {}  # by stream: when it is asked next
+        self._found_at: dict[str, float] = {}  # by stream: when it last gave entries
+        self._steps: dict[str, _Steps] = {}  # by stream: the times of its entries
+
+    def __len__(self) -> int:
+        return len(self._due)
+
+    def due(self, streams: Mapping[str, Any], *, group: bool = True) -> list[str]:
+        """The streams to ask now (``group``: read with XREADGROUP)."""
+        now = self._clock()
+        return [
+            key
+            for key, entry_id in streams.items()
+            if (group and not _new(entry_id)) or self._due.get(key, now) <= now
+        ]
+
+    def next_due(self, streams: Mapping[str, Any]) -> float:
+        """When the first of ``streams`` is due."""
+        now = self._clock()
+        return min((self._due.get(key, now) for key in streams), default=now)
+
+    def answered(self, key: str, entries: list[Any], *, new: bool) -> None:
+        """``key`` gave ``entries`` (``new``: entries added since the last read, not a
+        group's pending ones)."""
+        now = self._clock()
+        if entries:
+            if new:
+                self._steps.setdefault(key, _Steps()).saw(entries, now)
+            self._due[key] = now  # there may be more
+            self._found_at[key] = now
+            return
+        steps = self._steps.get(key)
+        lead = None if steps is None else steps.lead(now)
+        if steps is not None and lead is not None and lead > -steps.margin:
+            # the next entry is due in ``lead`` s: halve the way there, then ask often; never
+            # more than IDLE_POLL_MAX_S at once, so a clock offset learnt from late reads (a
+            # reader busy at start) costs that much at most and is corrected by the next read
+            wait = min(lead - steps.margin, lead / 2, IDLE_POLL_MAX_S)
+        else:
+            # overdue, or no steady interval known: an eighth of the time it has been so, so
+            # that a frame waits at most an eighth of its own lateness more
+            quiet = -lead if lead is not None else now - self._found_at.setdefault(key, now)
+            wait = min(quiet * IDLE_POLL_SHARE, IDLE_POLL_MAX_S)
+        self._due[key] = now + max(CLUSTER_POLL_S, wait)
+
+    def forget(self, keep: Mapping[str, Any]) -> None:
+        """Streams no longer read leave the schedule."""
+        for table in (self._due, self._found_at, self._steps):
+            for key in [k for k in table if k not in keep]:
+                del table[key]
+
+
+class _Steps:
+    """The times of one stream's entries: the interval between them (from their ids, in the
+    server's milliseconds), how much it varies, and the offset from the server's clock to the
+    reader's, to tell when the next entry is due on the reader's clock."""
+
+    def __init__(self) -> None:
+        self.newest_ms: int | None = None
+        self.interval: float | None = None
+        self.jitter = 0.0
+        self.offset: float | None = None  # reader's clock - server's, at the quickest read
+
+    @property
+    def margin(self) -> float:
+        """How early before its due time a stream is asked often, and how late after it."""
+        return 2 * CLUSTER_POLL_S + 2 * self.jitter
+
+    def saw(self, entries: list[Any], now: float) -> None:
+        newest = _id_ms(entries[-1][0])
+        # the smallest lead of the reader's clock over the server's seen (rising slowly, to
+        # follow a clock set back); each read sees it plus how late the read came
+        lead = now - newest / 1000
+        self.offset = lead if self.offset is None else min(lead, self.offset + 0.001)
+        if self.newest_ms is not None and newest > self.newest_ms:
+            step = (newest - self.newest_ms) / 1000 / len(entries)
+            if self.interval is None:
+                self.interval = step
+            else:
+                self.jitter = 0.75 * self.jitter + 0.25 * abs(step - self.interval)
+                self.interval = 0.75 * self.interval + 0.25 * step
+        self.newest_ms = newest if self.newest_ms is None else max(newest, self.newest_ms)
+
+    def lead(self, now: float) -> float | None:
+        """Seconds until the next entry is due on the reader's clock (negative: overdue);
+        None while not known."""
+        if self.interval is None or self.offset is None or self.newest_ms is None:
+            return None
+        return self.newest_ms / 1000 + self.interval + self.offset - now
 
 
 def _no_op() -> None:
@@ -263,39 +373,66 @@ def read_streams(
     consumer: str | None = None,
     count: int | None = None,
     block_ms: int | None = None,
+    polls: StreamPolls | None = None,
 ) -> list[Any]:
     """XREADGROUP (with ``group``) or XREAD over ``streams`` (key: id), as redis-py returns
-    it: ``[[key, [(id, fields), ...]], ...]``; ``block_ms=None`` returns at once."""
+    it: ``[[key, [(id, fields), ...]], ...]``; ``block_ms=None`` returns at once.  ``polls``:
+    on a cluster, which streams are asked each time (default: all of them)."""
     if not is_cluster(client):
         if group is None:
             return client.xread(dict(streams), count=count, block=block_ms)
         return client.xreadgroup(group, consumer, dict(streams), count=count, block=block_ms)
     if block_ms == 0:
         raise ValueError("block_ms=0 (forever) is not supported")
+    if polls is not None and len(polls) > len(streams):
+        polls.forget(streams)
     deadline = None if block_ms is None else time.monotonic() + block_ms / 1000
     while True:
-        pipe = client.pipeline(transaction=False)
-        for key, entry_id in streams.items():
-            if group is None:
-                pipe.xread({key: entry_id}, count=count)
-            else:
-                pipe.xreadgroup(group, consumer, {key: entry_id}, count=count)
-        results = pipe.execute(raise_on_error=False)  # errors as Redis wrote them (NOGROUP)
-        reply = [item for r in results if not isinstance(r, Exception) for item in r or []]
-        errors = {
-            key: r for key, r in zip(streams, results, strict=True) if isinstance(r, Exception)
-        }
-        if errors:
-            missing = [key for key, error in errors.items() if is_nogroup(error)]
-            if len(missing) < len(errors):
-                raise next(e for e in errors.values() if not is_nogroup(e))
-            # the other streams' reads went through: their entries are pending on the reader
-            # now and must not be thrown away with the error
-            raise GroupsMissing(missing, reply)
+        keys = list(streams) if polls is None else polls.due(streams, group=group is not None)
+        reply = _read_each(client, {key: streams[key] for key in keys}, group, consumer, count)
+        if polls is not None:
+            found = {_text(key): entries for key, entries in reply}
+            for key in keys:
+                new = group is None or _new(streams[key])
+                polls.answered(key, found.get(key, []), new=new)
         left = None if deadline is None else deadline - time.monotonic()
         if reply or left is None or left <= 0:
             return reply
-        time.sleep(min(CLUSTER_POLL_S, left))
+        wait = CLUSTER_POLL_S if polls is None else polls.next_due(streams) - time.monotonic()
+        time.sleep(max(0.0, min(wait, left)))
+
+
+def _read_each(
+    client: Any,
+    streams: Mapping[str, Any],
+    group: str | None,
+    consumer: str | None,
+    count: int | None,
+) -> list[Any]:
+    """One non-blocking read per stream, pipelined (redis-py sends each node its share)."""
+    if not streams:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for key, entry_id in streams.items():
+        if group is None:
+            pipe.xread({key: entry_id}, count=count)
+        else:
+            pipe.xreadgroup(group, consumer, {key: entry_id}, count=count)
+    results = pipe.execute(raise_on_error=False)  # errors as Redis wrote them (NOGROUP)
+    reply = [item for r in results if not isinstance(r, Exception) for item in r or []]
+    errors = {key: r for key, r in zip(streams, results, strict=True) if isinstance(r, Exception)}
+    if errors:
+        missing = [key for key, error in errors.items() if is_nogroup(error)]
+        if len(missing) < len(errors):
+            raise next(e for e in errors.values() if not is_nogroup(e))
+        # the other streams' reads went through: their entries are pending on the reader
+        # now and must not be thrown away with the error
+        raise GroupsMissing(missing, reply)
+    return reply
+
+
+def _text(key: bytes | str) -> str:
+    return key.decode() if isinstance(key, bytes) else key
 
 
 class GroupsMissing(redis.ResponseError):
@@ -326,3 +463,13 @@ def refuses_as_cluster(error: BaseException) -> bool:
     """A single-Redis client talking to a cluster node: the node redirects it, or refuses
     keys of several slots in one command."""
     return isinstance(error, AskError | ClusterCrossSlotError)  # MovedError is an AskError
+
+
+def _new(entry_id: bytes | str) -> bool:
+    """An XREADGROUP id asking for entries no consumer of the group was given yet."""
+    return entry_id in (">", b">")
+
+
+def _id_ms(entry_id: bytes | str) -> int:
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    return int(text.partition("-")[0])

@@ -31,7 +31,7 @@ from pipeline.stages.lifecycle import Handoff, Lifecycle
 from streams.groups import claim_pending, ensure_group
 from streams.keys import FRAMES_GROUP
 from streams.messages import EndOfStream, FrameMessage, LedgerEntry, message_kind
-from streams.redis_cluster import GroupsMissing, read_streams
+from streams.redis_cluster import GroupsMissing, StreamPolls, read_streams
 from streams.redis_errors import is_nogroup
 from streams.transport import FrameDecoder, TransportLost
 
@@ -82,6 +82,7 @@ class FrameReader:
         self._batch_ids = itertools.count()
         # Start with this consumer's own pending entries (left by a crash), then new ones.
         self._read_ids = {self._keys.frames(camera): "0" for camera in cameras}
+        self._polls = StreamPolls()  # on a cluster: which streams to ask, each time
         self._camera_of = {self._keys.frames(camera): camera for camera in cameras}
         # cameras new to this reader since their last batch: the publisher reads their
         # analytics state from Redis before their frames (another worker may have moved it on)
@@ -196,6 +197,7 @@ class FrameReader:
                 consumer=self._context.consumer,
                 count=count,
                 block_ms=block_ms,
+                polls=self._polls,
             )
         except GroupsMissing as exc:  # a cluster node lost its data; the others' reads came
             self._recreate_groups(exc.keys)
