@@ -61,6 +61,7 @@ from samples.generate import SyntheticClip, encode
 from streams.embedded_redis import EmbeddedRedis
 from streams.groups import all_read
 from streams.keys import FRAMES_GROUP, StreamKeys
+from streams.messages import DetectionMessage
 from streams.redis_connect import connect
 
 PREFIX = "fleet"
@@ -102,6 +103,8 @@ class FleetRun:
     redis_calls_per_frame: float
     top_commands: dict[str, float]
     cpu_ms_per_frame: dict[str, float] = field(default_factory=dict)
+    #: from a frame's XADD until its detection is published, over the window (p50, p99)
+    latency_ms: dict[str, float] = field(default_factory=dict)
     propagation: dict[str, list[float]] = field(default_factory=dict)
     faults: dict[str, Any] = field(default_factory=dict)
 
@@ -374,6 +377,23 @@ def throughput(
     return frames / (ended - started), sum(per_frame.values()), top, cpu_ms
 
 
+def latencies(
+    client: redis.Redis, keys: StreamKeys, cameras: list[str], *, since: float, last: int = 8
+) -> list[float]:
+    """Seconds from each frame's XADD until its detection was published, for the ``last``
+    detections of each camera published since ``since`` (wall clock)."""
+    pipe = client.pipeline(transaction=False)
+    for camera in cameras:
+        pipe.xrevrange(keys.detections(camera), count=last)
+    waits = []
+    for entries in pipe.execute():
+        for _id, fields in entries:
+            stamps = DetectionMessage.from_fields(fields).timestamps
+            if stamps.published >= since:
+                waits.append(stamps.published - stamps.enqueued)
+    return waits
+
+
 def propagation(
     client: redis.Redis, keys: StreamKeys, cameras: list[str], clip: Path, fps: float, times: int
 ) -> dict[str, list[float]]:
@@ -538,8 +558,10 @@ def measure(
                 f"{stuck(client, keys, late)}"
             ) from None
         time.sleep(3.0)
+        window_start = time.time()
         rate, per_frame, top, cpu_ms = throughput(client, keys, nodes, workers, cameras, window_s)
         workers.check_alive()
+        waits = latencies(client, keys, cameras, since=window_start)
         run = FleetRun(
             redis="cluster" if shape.cluster else "single",
             hosts=shape.hosts,
@@ -549,6 +571,12 @@ def measure(
             redis_calls_per_frame=per_frame,
             top_commands=top,
             cpu_ms_per_frame=cpu_ms,
+            latency_ms={}
+            if len(waits) < 2
+            else {
+                "p50": 1000 * statistics.median(waits),
+                "p99": 1000 * statistics.quantiles(waits, n=100)[98],
+            },
         )
         if changes:
             run.propagation = propagation(client, keys, cameras, clip, shape.fps, changes)
@@ -602,6 +630,11 @@ def report(runs: list[FleetRun], shapes: dict[str, Any]) -> None:
         if run.cpu_ms_per_frame:
             spent = ", ".join(f"{r} {ms:.2f}" for r, ms in run.cpu_ms_per_frame.items())
             print(f"   CPU ms per frame: {spent}")
+        if run.latency_ms:
+            print(
+                f"   XADD to published: p50 {run.latency_ms['p50']:.0f} ms, "
+                f"p99 {run.latency_ms['p99']:.0f} ms"
+            )
         for name, values in run.propagation.items():
             print(f"   {name}: median {statistics.median(values):.2f} s, max {max(values):.2f} s")
         for name, value in run.faults.items():
