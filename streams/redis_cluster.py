@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: How often an idle reader asks a cluster again; the most a frame waits for it.
+#: How often a reader asks a cluster's stream that may give entries any moment (one without a
+#: ``StreamPolls``: every stream, always); the most a frame then waits for it.
 CLUSTER_POLL_S = 0.005
 
 #: A cluster reader asks a stream whose entries come at a steady interval every
