@@ -141,9 +141,8 @@ class CameraLeases:
     held_until: float = float("-inf")  # until when they are surely still in Redis
     renewed_at: float = float("inf")  # when the last tick was sent (none yet: never late)
     #: held again by the last tick, whose renewal came when their leases may have run out:
-    #: another worker may have taken them, read on and let go meanwhile, so this worker takes
-    #: them over again from the position kept in Redis rather than reading on from its own
-    #: (``LeaseKeeper``; a decoder's frames are fenced by its session's claim instead)
+    #: another worker may have taken them, read on and let go meanwhile (``LeaseKeeper``
+    #: looks; a decoder's frames are fenced by its session's claim instead)
     retaken: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
@@ -165,6 +164,7 @@ class CameraLeases:
         A camera whose lease call met an error (a node failing over, a timeout) stays as it
         was, and the first such error is raised once the others are settled."""
         sent = self.clock()
+        self.retaken = set()
         if sent - self.renewed_at > self.ttl_s / 2:
             log.warning(
                 "%s leases: renewed %.1f s after the last renewal (TTL %g s): a starved host "
@@ -186,7 +186,6 @@ class CameraLeases:
         )
         wins = {camera for camera in self.cameras if owner(camera) == self.worker_id}
         mine = self.held | self.handing_over
-        self.retaken = set()
         answers = self._hold_leases([c for c in self.cameras if c in mine or c in wins])
         lapsed = self.clock() >= self.held_until  # the renewal arrived at the latest now
         for camera, answer in answers.items():
@@ -210,7 +209,7 @@ class CameraLeases:
         if self.retaken:
             log.warning(
                 "%s leases: %d renewed only %.1f s after the last renewal went out (TTL %g s): "
-                "they may have run out meanwhile; taken over again from Redis",
+                "they may have run out meanwhile",
                 self.role.name,
                 len(self.retaken),
                 self.clock() - (self.held_until - self.ttl_s * HELD_SHARE),

@@ -9,8 +9,8 @@ lease tick decided into changes of the worker's reader.
 * handing over (another worker wins it now): read no more, finish what was read, then let
   the lease go;
 * held again by a renewal that came when the lease may have run out (a host cut off or
-  starved past the TTL, a camera that another worker may have read on and let go meanwhile):
-  dropped and adopted again, from the position kept in Redis.
+  starved past the TTL): if another worker read the camera on and let go meanwhile (its
+  kept position is past this worker's), dropped and adopted again from there.
 """
 
 from __future__ import annotations
@@ -56,6 +56,9 @@ class LeaseKeeper:
         self._next_tick = 0.0
         self._handing_over: dict[str, CameraChange] = {}
         self._reading: set[str] = set()  # cameras the reader was told to read and still reads
+        # held again after their leases may have run out: to look whether another worker read
+        # them on meanwhile (``CameraLeases.retaken``)
+        self._retaken: set[str] = set()
 
     def tick(self) -> None:
         """Call often (the supervisor's tick); renews the leases every ``tick_s``.
@@ -86,9 +89,14 @@ class LeaseKeeper:
         """Tell the reader what changed in the leases since it was last told."""
         leases = self._leases
         told = self._reading | set(self._handing_over)
-        for camera in sorted(leases.retaken & told):
-            # its lease may have run out, and another worker read on from here meanwhile:
-            # adopted again below (or handed over at once), from the position kept in Redis
+        self._retaken = (self._retaken | leases.retaken) & told
+        for camera in self._read_on_elsewhere():
+            # adopted again below (or, handed over, let go at once), from the position kept
+            log.warning(
+                "camera %s: another worker read it on while this one's lease had run out; "
+                "taken over again from the position kept in Redis",
+                camera,
+            )
             self._reading.discard(camera)
             self._handing_over.pop(camera, None)
             self._changes.drop(camera)
@@ -107,6 +115,29 @@ class LeaseKeeper:
         gained = sorted(leases.held - self._reading)
         if gained:
             self._adopt(gained)
+
+    def _read_on_elsewhere(self) -> list[str]:
+        """Of the cameras held again after their leases may have run out, those another worker
+        read further meanwhile (their kept positions are past this worker's).  The others
+        read on as they were: dropping them would read this worker's own frames in flight a
+        second time.  A Redis error leaves them to be looked at after the next renewal."""
+        cameras = sorted(self._retaken)
+        if not cameras:
+            return []
+        pipe = self._redis.pipeline(transaction=False)
+        for camera in cameras:
+            pipe.hgetall(self._keys.cursor(camera))
+        try:
+            cursors = pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("kept positions not read (looked at again next tick): %s", exc)
+            return []
+        self._retaken.clear()
+        return [
+            camera
+            for camera, cursor in zip(cameras, cursors, strict=True)
+            if self._acks.read_on_elsewhere(camera, CameraPosition.from_fields(cursor))
+        ]
 
     def _adopt(self, cameras: list[str]) -> None:
         """The cameras won: what their previous workers left pending claimed, their positions
@@ -139,6 +170,7 @@ class LeaseKeeper:
             self._accounting.track(camera)
             if trimmed:  # read by the previous worker, then trimmed from the stream: lost
                 self._acks.acknowledge(key, [], self._lost(camera, position.session, trimmed))
+            self._acks.noted(camera, position)
             self._changes.adopt(camera, self._rules(camera), position)
             self._reading.add(camera)
             log.info(

@@ -183,6 +183,9 @@ class FrameAcks:
         self._keys = keys
         self._ledger_maxlen = ledger_maxlen
         self._lease_holder = lease_holder
+        # by camera: the newest position this worker sent or adopted (only the reader's
+        # thread writes positions; the lease keeper reads this)
+        self._sent: dict[str, CameraPosition] = {}
 
     @property
     def lease_holder(self) -> str | None:
@@ -210,11 +213,24 @@ class FrameAcks:
         tx.on(key).xack(key, FRAMES_GROUP, *ids)
         tx.on(key).xdel(key, *ids)
 
+    def noted(self, camera: str, position: CameraPosition) -> None:
+        """This worker is at ``position`` of the camera (it adopted it, or sends it)."""
+        sent = self._sent.get(camera)
+        if sent is None or position.received(sent.entry_id):  # not behind what was sent
+            self._sent[camera] = position
+
+    def read_on_elsewhere(self, camera: str, kept: CameraPosition) -> bool:
+        """Whether the position ``kept`` in Redis is past any this worker sent or adopted:
+        another worker read the camera further (this one's lease had run out meanwhile)."""
+        sent = self._sent.get(camera)
+        return not (sent or CameraPosition()).received(kept.entry_id)
+
     def record_position(self, tx: SlotTransactions, camera: str, position: CameraPosition) -> None:
         """Where the next worker to read the camera takes over (camera leases); only while
         no other worker holds the camera's lease."""
         if self._lease_holder is None:
             raise RuntimeError("positions are kept by detector workers, which hold leases")
+        self.noted(camera, position)
         pairs = _flat(position.to_fields())
         keys = [self._keys.cursor(camera), self._keys.lease(camera)]
         # execute_command: redis-py's cluster pipelines have no eval()
@@ -266,6 +282,8 @@ class FrameAcks:
             fields = _flat(entry.to_fields())
             args += [len(fields), *fields]
         pairs = [] if ack.position is None else _flat(ack.position.to_fields())
+        if ack.position is not None:
+            self.noted(camera, ack.position)
         args += [len(pairs), *pairs, FRAMES_GROUP, *ack.ids]
         keys = [
             self._keys.lease(camera),
