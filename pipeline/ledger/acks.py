@@ -183,8 +183,8 @@ class FrameAcks:
         self._keys = keys
         self._ledger_maxlen = ledger_maxlen
         self._lease_holder = lease_holder
-        # by camera: the newest position this worker sent or adopted (only the reader's
-        # thread writes positions; the lease keeper reads this)
+        # by camera: the newest position this worker sent (its reader's thread) or adopted
+        # (its lease keeper's, before the reader reads the camera); the keeper compares
         self._sent: dict[str, CameraPosition] = {}
 
     @property
