@@ -31,6 +31,7 @@ import redis
 
 from pipeline.analytics import track_table
 from pipeline.analytics.state import CameraState
+from pipeline.ledger.acks import kept_state
 from streams.keys import StreamKeys
 
 log = logging.getLogger(__name__)
@@ -112,7 +113,7 @@ class AnalyticsStore:
         if blob is None:
             return None
         try:
-            return load_state(blob)
+            return load_state(kept_state(blob))
         except StateUnreadable as exc:
             log.warning("camera %s: analytics state %s: its tracks start over", camera, exc)
             return None

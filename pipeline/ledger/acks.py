@@ -39,30 +39,41 @@ def _unless_another_holds(lease: str, refused: str) -> str:
     )
 
 
-#: Lua: ``behind(cursor, from, to)``, whether the position in ``ARGV[from..to]`` (field, value
-#: pairs) has a stream id (``entry_id``) older than the one kept in ``cursor``: a write that
-#: would move the camera's position back, made before another worker read the camera further
-#: and arriving only now (re-sent by the client of a worker that was cut off, while the lease
-#: is nobody's).  Stream ids only grow (every frame is added with ``*``), so a kept position
-#: ahead of the one written is always the newer one.
-_BEHIND = """
+#: Lua: ``stream_id(text)``, a stream id's milliseconds and sequence (nil for anything else),
+#: and ``older(a_ms, a_seq, b_ms, b_seq)``.  Stream ids only grow (every frame is added with
+#: ``*``), so of two writes about a camera the one about the older entry was made first.
+_STREAM_IDS = """
 local function stream_id(text)
   local ms, seq = string.match(text or '', '^(%d+)-(%d+)$')
   if not ms then return nil end
   return tonumber(ms), tonumber(seq)
 end
+local function older(ms, seq, than_ms, than_seq)
+  return ms < than_ms or (ms == than_ms and seq < than_seq)
+end
+"""
+
+#: Lua: ``behind(cursor, from, to)``, whether the position in ``ARGV[from..to]`` (field, value
+#: pairs) has a stream id (``entry_id``) older than the one kept in ``cursor``: a write that
+#: would move the camera's position back, made before another worker read the camera further
+#: and arriving only now (re-sent by the client of a worker that was cut off, while the lease
+#: is nobody's).
+_BEHIND = (
+    _STREAM_IDS
+    + """
 local function behind(cursor, from, to)
   for i = from, to - 1, 2 do
     if ARGV[i] == 'entry_id' then
       local kept_ms, kept_seq = stream_id(redis.call('HGET', cursor, 'entry_id'))
       local ms, seq = stream_id(ARGV[i + 1])
       if not kept_ms or not ms then return false end
-      return ms < kept_ms or (ms == kept_ms and seq < kept_seq)
+      return older(ms, seq, kept_ms, kept_seq)
     end
   end
   return false
 end
 """
+)
 
 #: KEYS: cursor, lease; ARGV: the worker, then field, value pairs.  A camera's position is
 #: written only while no other worker holds its lease, and never moved back: a write of a
@@ -132,16 +143,48 @@ at = at + n + 1
     + _acknowledge_the_rest("KEYS[4]")
 )
 
+#: A camera's analytics state is kept as ``after <stream id>\n`` (the newest frame it has seen)
+#: then the state itself; a state kept without that line (written before it was added) is read
+#: as it is.
+STATE_AFTER = b"after "
+
+
+def kept_state(value: bytes) -> bytes:
+    """The analytics state in a value of a camera's state key."""
+    return value.split(b"\n", 1)[1] if value.startswith(STATE_AFTER) else value
+
+
 #: KEYS: lease, analytics state, frames stream, events stream; ARGV: the worker ('' without
 #: leases), the state, the events' MAXLEN ~, the number of events, the events, the frames
 #: group, then the frame ids.  A camera's events and analytics state go with the
 #: acknowledgement of the frames they come from, and none of them goes through for a worker
 #: whose camera another worker holds now: its frames stay pending, for the new owner to claim
-#: and analyse again from the state before them (the reply is then the frames key).
+#: and analyse again from the state before them (the reply is then the frames key).  Nor for
+#: a state of frames older than those of the state kept: re-sent late by a worker that was
+#: cut off, while the lease is nobody's, it would put the camera's tracks and counts back to
+#: before what another worker analysed since.
 FENCED_ANALYTICS_ACK = (
-    _unless_another_holds("KEYS[1]", "KEYS[3]")
-    + "redis.call('SET', KEYS[2], ARGV[2])\n"
-    + "local at = 5\n"
+    _STREAM_IDS
+    + _unless_another_holds("KEYS[1]", "KEYS[3]")
+    + """local at = 5
+for _ = 1, tonumber(ARGV[4]) do at = at + tonumber(ARGV[at]) + 1 end
+local newest, newest_ms, newest_seq
+for i = at + 1, #ARGV do
+  local ms, seq = stream_id(ARGV[i])
+  if ms and (not newest or older(newest_ms, newest_seq, ms, seq)) then
+    newest, newest_ms, newest_seq = ARGV[i], ms, seq
+  end
+end
+if newest then
+  local kept = redis.call('GETRANGE', KEYS[2], 0, 63)
+  local kept_ms, kept_seq = stream_id(string.match(kept, '^after ([%d-]+)\\n'))
+  if kept_ms and older(newest_ms, newest_seq, kept_ms, kept_seq) then return KEYS[3] end
+  redis.call('SET', KEYS[2], 'after ' .. newest .. '\\n' .. ARGV[2])
+else
+  redis.call('SET', KEYS[2], ARGV[2])
+end
+at = 5
+"""
     + _append_each("KEYS[4]", "ARGV[3]", "ARGV[4]")
     + _acknowledge_the_rest("KEYS[3]")
 )

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.ledger.acks import AnalyticsWrite, FrameAcks
+from pipeline.analytics.state import CameraState
+from pipeline.analytics.store import AnalyticsStore, dump_state
+from pipeline.ledger.acks import AnalyticsWrite, FrameAcks, kept_state
 from streams.keys import FRAMES_GROUP, StreamKeys
 from streams.object_events import ObjectEvent
 
@@ -42,8 +44,13 @@ def pending(redis_client, prefix):
     return keys, frames, ids
 
 
-def write(events: list[ObjectEvent]) -> AnalyticsWrite:
-    return AnalyticsWrite([e.to_fields() for e in events], b"state after")
+def write(events: list[ObjectEvent], state: bytes = b"state after") -> AnalyticsWrite:
+    return AnalyticsWrite([e.to_fields() for e in events], state)
+
+
+def kept(redis_client, keys: StreamKeys) -> bytes | None:
+    value = redis_client.get(keys.analytics_state("gate"))
+    return None if value is None else kept_state(value)
 
 
 def test_the_lease_holder_writes_events_state_and_acknowledgement(redis_client, pending):
@@ -57,7 +64,7 @@ def test_the_lease_holder_writes_events_state_and_acknowledgement(redis_client, 
         ObjectEvent.from_fields(f) for _, f in redis_client.xrange(keys.object_events("gate"))
     ]
     assert written == events
-    assert redis_client.get(keys.analytics_state("gate")) == b"state after"
+    assert redis_client.get(keys.analytics_state("gate")) == b"after %s\nstate after" % ids[-1]
     assert redis_client.xpending(frames, FRAMES_GROUP)["pending"] == 0
     assert redis_client.xlen(frames) == 0
 
@@ -77,6 +84,42 @@ def test_a_frame_without_events_still_writes_its_state(redis_client, pending):
     keys, frames, ids = pending
     acks = FrameAcks(redis_client=redis_client, keys=keys, ledger_maxlen=100)  # no leases
     assert acks.acknowledge_frames({frames: ids}, {"gate": write([])}) == set()
-    assert redis_client.get(keys.analytics_state("gate")) == b"state after"
+    assert kept(redis_client, keys) == b"state after"
     assert redis_client.xlen(keys.object_events("gate")) == 0
     assert redis_client.xpending(frames, FRAMES_GROUP)["pending"] == 0
+
+
+def test_a_state_of_older_frames_than_the_kept_one_is_refused_whole(redis_client, pending):
+    """w1, cut off after analysing the first frame, has its write re-sent late, while nobody
+    holds the lease, after w2 analysed both frames: the tracks and counts stay w2's."""
+    keys, frames, ids = pending
+    w2 = FrameAcks(redis_client=redis_client, keys=keys, ledger_maxlen=100, lease_holder="w2")
+    assert w2.acknowledge_frames({frames: ids}, {"gate": write([event(2, 0)], b"w2's")}) == set()
+    w1 = FrameAcks(redis_client=redis_client, keys=keys, ledger_maxlen=100, lease_holder="w1")
+    late = w1.acknowledge_frames({frames: ids[:1]}, {"gate": write([event(1, 0)], b"w1's")})
+    assert late == {"gate"}
+    assert kept(redis_client, keys) == b"w2's"
+    events = redis_client.xrange(keys.object_events("gate"))
+    assert [ObjectEvent.from_fields(f).seq for _, f in events] == [2]
+    # the same frames again (a retry after a lost reply) are not older: they go through
+    assert w2.acknowledge_frames({frames: ids}, {"gate": write([], b"w2's again")}) == set()
+    assert kept(redis_client, keys) == b"w2's again"
+
+
+def test_a_state_kept_before_the_newest_frame_was_written_with_it_is_read_as_it_is(
+    redis_client, pending
+):
+    keys, frames, ids = pending
+    redis_client.set(keys.analytics_state("gate"), b"older state")
+    acks = FrameAcks(redis_client=redis_client, keys=keys, ledger_maxlen=100)
+    assert kept(redis_client, keys) == b"older state"
+    assert acks.acknowledge_frames({frames: ids}, {"gate": write([])}) == set()
+    assert kept(redis_client, keys) == b"state after"
+
+
+def test_the_store_reads_back_the_state_written_with_the_acknowledgement(redis_client, pending):
+    keys, frames, ids = pending
+    state = CameraState(session="s1", last_seq=1, last_time=0.1)
+    acks = FrameAcks(redis_client=redis_client, keys=keys, ledger_maxlen=100)
+    assert acks.acknowledge_frames({frames: ids}, {"gate": write([], dump_state(state))}) == set()
+    assert AnalyticsStore(redis_client, keys).load("gate") == state
