@@ -71,6 +71,7 @@ LEASE_TTL_S = 3.0
 MAX_BATCH = 32
 START_TIMEOUT_S = 300.0  # every camera placed: 250 decoders a worker open on two cores
 CUT_S = 5.0
+SETTLED_S = 2.0  # a camera's hand-over takes well under a second when nothing else runs
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,15 @@ class FleetShape:
         return min(self.cameras, self.hosts * math.floor(self.capacity))
 
 
+@dataclass(frozen=True)
+class Placing:
+    """Seconds from the workers' start until every placeable camera was decoded somewhere,
+    and until no camera moved between decode workers any more."""
+
+    placed_after_s: float
+    settled_after_s: float
+
+
 @dataclass
 class FleetRun:
     """What one fleet shape measured (``figures`` for the JSON, ``line`` for people)."""
@@ -99,6 +109,9 @@ class FleetRun:
     hosts: int
     cameras_placed: int
     placed_after_s: float
+    #: until no camera moved between decode workers for SETTLED_S (those that joined last
+    #: take their share after every camera is decoded somewhere): measuring starts after it
+    settled_after_s: float
     frames_per_s: float
     redis_calls_per_frame: float
     top_commands: dict[str, float]
@@ -308,10 +321,10 @@ def host_names(count: int) -> tuple[list[str], list[str]]:
 @contextmanager
 def fleet(
     hosts: Hosts, shape: FleetShape, clip: Path, folder: Path
-) -> Iterator[tuple[redis.Redis, StreamKeys, Workers, list[tuple[str, int]], float]]:
+) -> Iterator[tuple[redis.Redis, StreamKeys, Workers, list[tuple[str, int]], Placing]]:
     """The Redis, the registered cameras and the workers of ``shape``, every placeable camera
-    decoded: yields the client, the keys, the workers, the Redis nodes and how long placing
-    every camera took from the workers' start."""
+    decoded and none moving: yields the client, the keys, the workers, the Redis nodes and how
+    long placing took."""
     decoders, detectors = host_names(shape.hosts)
     with ExitStack() as stack:
         url, nodes = stack.enter_context(redis_on(hosts, shape.cluster))
@@ -343,7 +356,27 @@ def fleet(
         say(f"{shape.label}: every camera placed")
         placed_after = time.monotonic() - started
         wait_for(lambda: client.zcard(keys.workers()) == shape.hosts, 60, "detect workers")
-        yield client, keys, workers, nodes, placed_after
+        settle(client, keys, cameras, shape.hosts)
+        say(f"{shape.label}: settled")
+        yield client, keys, workers, nodes, Placing(placed_after, time.monotonic() - started)
+
+
+def settle(client: redis.Redis, keys: StreamKeys, cameras: list[str], hosts: int) -> None:
+    """Until every decode worker is in and no camera changed its session for SETTLED_S:
+    cameras handed over to the decode workers that joined last start new sessions, which on
+    this 2-core machine costs enough CPU to hold the detect workers back for seconds (a
+    window that caught them had a 5.7 s p99 latency; docs/benchmarks.md)."""
+    last: dict[str, bytes] = {}
+    since = time.monotonic()
+
+    def still() -> bool:
+        nonlocal last, since
+        now = sessions(client, keys, cameras)
+        if now != last or client.zcard(keys.decode_workers()) != hosts:
+            last, since = now, time.monotonic()
+        return time.monotonic() - since >= SETTLED_S
+
+    wait_for(still, START_TIMEOUT_S, "no camera moving between decode workers", poll_s=0.5)
 
 
 def throughput(
@@ -541,7 +574,7 @@ def measure(
     hosts: Hosts, shape: FleetShape, clip: Path, folder: Path, window_s: float, changes: int
 ) -> FleetRun:
     cameras = camera_ids(shape.cameras)
-    with fleet(hosts, shape, clip, folder) as (client, keys, workers, nodes, placed_after):
+    with fleet(hosts, shape, clip, folder) as (client, keys, workers, nodes, placing):
         # steady: what queued while the cameras were placed is read (a frame a camera, less)
         try:
             wait_for(
@@ -566,7 +599,8 @@ def measure(
             redis="cluster" if shape.cluster else "single",
             hosts=shape.hosts,
             cameras_placed=shape.placeable,
-            placed_after_s=placed_after,
+            placed_after_s=placing.placed_after_s,
+            settled_after_s=placing.settled_after_s,
             frames_per_s=rate,
             redis_calls_per_frame=per_frame,
             top_commands=top,
@@ -584,13 +618,14 @@ def measure(
 
 
 def measure_faults(hosts: Hosts, shape: FleetShape, clip: Path, folder: Path) -> FleetRun:
-    with fleet(hosts, shape, clip, folder) as (client, keys, workers, _nodes, placed_after):
+    with fleet(hosts, shape, clip, folder) as (client, keys, workers, _nodes, placing):
         time.sleep(5.0)
         run = FleetRun(
             redis="cluster" if shape.cluster else "single",
             hosts=shape.hosts,
             cameras_placed=shape.placeable,
-            placed_after_s=placed_after,
+            placed_after_s=placing.placed_after_s,
+            settled_after_s=placing.settled_after_s,
             frames_per_s=0.0,
             redis_calls_per_frame=0.0,
             top_commands={},
@@ -624,7 +659,8 @@ def report(runs: list[FleetRun], shapes: dict[str, Any]) -> None:
     for run in runs:
         print(
             f" {run.redis} {run.hosts}+{run.hosts}: {run.cameras_placed} cameras placed in "
-            f"{run.placed_after_s:.1f} s; {run.redis_calls_per_frame:.1f} Redis calls/frame "
+            f"{run.placed_after_s:.1f} s, settled in {run.settled_after_s:.1f} s; "
+            f"{run.redis_calls_per_frame:.1f} Redis calls/frame "
             f"({', '.join(f'{c} {n:.2f}' for c, n in list(run.top_commands.items())[:5])})"
         )
         if run.cpu_ms_per_frame:
