@@ -174,12 +174,7 @@ class CameraLeases:
                 self.ttl_s,
             )
         self.renewed_at = sent
-        workers = tuple(
-            w.decode()
-            for w in self._heartbeat(
-                keys=[self.role.workers(self.keys)], args=[self._ttl_ms, self.worker_id]
-            )
-        )
+        workers = self.join()
         gained, lost, handing_over = [], [], []
         owner = (
             self.owner_of(workers) if self.owner_of else partial(rendezvous_owner, workers=workers)
@@ -218,6 +213,16 @@ class CameraLeases:
         _raise_first_error(answers)
         self._renewed(sent)
         return LeaseChanges(tuple(gained), tuple(lost), tuple(handing_over), workers)
+
+    def join(self) -> tuple[str, ...]:
+        """Heartbeat only, taking nothing: the other workers see this one and plan with it
+        (hand over what it wins) before it takes anything; returns the live workers."""
+        return tuple(
+            w.decode()
+            for w in self._heartbeat(
+                keys=[self.role.workers(self.keys)], args=[self._ttl_ms, self.worker_id]
+            )
+        )
 
     def valid(self) -> bool:
         """Whether this worker may read its cameras now (not while a renewal is overdue: a

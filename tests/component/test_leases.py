@@ -78,6 +78,25 @@ def test_a_joining_worker_gets_its_share_only_once_the_owner_hands_over(redis_cl
     assert a.held == set(CAMERAS) - share and not a.handing_over
 
 
+def test_workers_that_join_before_they_take_never_hand_over(redis_client, prefix):
+    """Workers started together (a decode fleet): taking at the first tick, the first one
+    takes every camera and hands most over again; joining first, each takes its share."""
+    eager = workers(redis_client, prefix, "a", "b", "c")
+    first = [worker.tick() for worker in eager]
+    assert set(first[0].gained) == set(CAMERAS)  # a was alone at its first tick
+    assert eager[0].tick().handing_over  # and gives b's and c's away again
+    for worker in eager:
+        worker.leave()
+    joining = workers(redis_client, prefix + "-joining", "a", "b", "c")
+    for worker in joining:
+        worker.join()
+    changes = [worker.tick() for worker in joining]
+    assert all(not c.handing_over for c in changes)
+    for worker, change in zip(joining, changes, strict=True):
+        expected = {c for c in CAMERAS if rendezvous_owner(c, ["a", "b", "c"]) == worker.worker_id}
+        assert set(change.gained) == expected == worker.held
+
+
 def test_a_leaving_worker_frees_its_cameras_at_once(redis_client, prefix):
     a, b = workers(redis_client, prefix, "a", "b")
     settle([a, b])
