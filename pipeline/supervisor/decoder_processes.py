@@ -9,9 +9,9 @@ import multiprocessing
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 
 from streams.decode_process import DecoderJob, Message, ProcessSettings, run_decoder_process
@@ -58,6 +58,7 @@ class DecodeProcess:
     stop: ProcessFlag  # its own: a decoder killed while waiting cannot hang set()
     cameras: dict[str, int] = field(default_factory=dict)  # threads not exited yet: their run
     stopping: bool = False
+    received: list[Message] = field(default_factory=list)  # read from ``control``, not yet asked
 
     @property
     def pid(self) -> int:
@@ -67,8 +68,15 @@ class DecodeProcess:
 
 class DecoderProcesses:
     def __init__(
-        self, settings: ProcessSettings, released: ProcessFlag | None, cameras_per_process: int
+        self,
+        settings: ProcessSettings,
+        released: ProcessFlag | None,
+        cameras_per_process: int,
+        *,
+        target: Callable[..., None] = run_decoder_process,
     ):
+        """``target``: each process's entry point (``run_decoder_process``'s arguments)."""
+        self._target = target
         self._settings = settings
         self._released = released
         self._per_process = cameras_per_process
@@ -143,18 +151,25 @@ class DecoderProcesses:
 
     def stop_and_join(self, timeout_s: float) -> None:
         """Every process stopped and joined (stop → join → terminate → kill: none is left
-        behind); what they said, and which exited, is still there to be read (:meth:`dead`)."""
+        behind); what they said, and which exited, is still there to be read (:meth:`dead`).
+        What they send while stopping is read meanwhile: a process whose 250 cameras each
+        reported their end filled its pipe, waited on it, and was terminated 5 s later, its
+        cameras' sessions ended as crashed."""
         self.stop_all()
         deadline = time.monotonic() + timeout_s
-        for process in self._processes:
-            process.process.join(max(0.0, deadline - time.monotonic()))
+        while (alive := [p for p in self._processes if p.process.is_alive()]) and (
+            left := deadline - time.monotonic()
+        ) > 0:
+            wait([p.control for p in alive] + [p.process.sentinel for p in alive], left)
+            for process in alive:
+                self._receive(process)
         for process in self._processes:
             if process.process.is_alive():
                 process.process.terminate()
                 process.process.join(2.0)
             if process.process.is_alive():
                 process.process.kill()
-                process.process.join()
+            process.process.join()
 
     def close(self, timeout_s: float) -> list[int]:
         """Every process stopped, joined and forgotten; the pids they had."""
@@ -174,7 +189,7 @@ class DecoderProcesses:
         ours, theirs = self._context.Pipe(duplex=True)
         stop = ProcessFlag()
         process = self._context.Process(
-            target=run_decoder_process,
+            target=self._target,
             args=(self._settings, stop, self._released, theirs),
             name=f"fb-decoders-{len(self._processes)}",
             daemon=True,
@@ -186,11 +201,18 @@ class DecoderProcesses:
         return spawned
 
     def _drain(self, process: DecodeProcess) -> Iterator[Message]:
+        self._receive(process)
+        received, process.received = process.received, []
+        yield from received
+
+    @staticmethod
+    def _receive(process: DecodeProcess) -> None:
+        """What the process sent, moved off its pipe (an exit also frees the camera's place)."""
         try:
             while process.control.poll():
                 message = process.control.recv()
                 if message[0] == "exited":
                     process.cameras.pop(message[1], None)
-                yield message
+                process.received.append(message)
         except (EOFError, OSError):
             pass  # the process is gone and sent everything it had: nothing more to read
