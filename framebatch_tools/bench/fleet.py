@@ -356,12 +356,14 @@ def fleet(
         say(f"{shape.label}: every camera placed")
         placed_after = time.monotonic() - started
         wait_for(lambda: client.zcard(keys.workers()) == shape.hosts, 60, "detect workers")
-        settle(client, keys, cameras, shape.hosts)
+        settle(client, keys, workers, cameras, shape.hosts)
         say(f"{shape.label}: settled")
         yield client, keys, workers, nodes, Placing(placed_after, time.monotonic() - started)
 
 
-def settle(client: redis.Redis, keys: StreamKeys, cameras: list[str], hosts: int) -> None:
+def settle(
+    client: redis.Redis, keys: StreamKeys, workers: Workers, cameras: list[str], hosts: int
+) -> None:
     """Until every decode worker is in and no camera changed its session for SETTLED_S:
     cameras handed over to the decode workers that joined last start new sessions, which on
     this 2-core machine costs enough CPU to hold the detect workers back for seconds (a
@@ -371,6 +373,7 @@ def settle(client: redis.Redis, keys: StreamKeys, cameras: list[str], hosts: int
 
     def still() -> bool:
         nonlocal last, since
+        workers.check_alive()
         now = sessions(client, keys, cameras)
         if now != last or client.zcard(keys.decode_workers()) != hosts:
             last, since = now, time.monotonic()

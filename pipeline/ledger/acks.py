@@ -15,6 +15,7 @@ another worker read the camera further.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -105,15 +106,16 @@ def _append_each(stream: str, maxlen: str, count: str) -> str:
     )
 
 
-def _acknowledge_the_rest(stream: str) -> str:
+def _acknowledge_the_rest(stream: str, reply: str = "1") -> str:
     """Lua: ``ARGV[at]`` the frames group, the arguments after it entry ids of ``stream``, to
-    acknowledge and delete (pcall: a group gone with a Redis restart is no error)."""
+    acknowledge and delete (pcall: a group gone with a Redis restart is no error); then the
+    script returns ``reply``."""
     return (
         "if #ARGV > at then\n"
         f"  redis.pcall('XACK', {stream}, ARGV[at], unpack(ARGV, at + 1))\n"
         f"  redis.pcall('XDEL', {stream}, unpack(ARGV, at + 1))\n"
         "end\n"
-        "return 1\n"
+        f"return {reply}\n"
     )
 
 
@@ -143,15 +145,18 @@ at = at + n + 1
     + _acknowledge_the_rest("KEYS[4]")
 )
 
-#: A camera's analytics state is kept as ``after <stream id>\n`` (the newest frame it has seen)
-#: then the state itself; a state kept without that line (written before it was added) is read
-#: as it is.
-STATE_AFTER = b"after "
+#: A camera's analytics state is kept as the state itself then ``\nafter <stream id>`` (the
+#: newest frame it has seen): after the state's compressed data, which its readers ignore, so
+#: that a worker of an earlier version reads it too (a rolling upgrade, a rollback), and one
+#: kept without it (by such a worker) is read as it is.
+STATE_AFTER = b"\nafter "
+_STREAM_ID = re.compile(rb"\d+-\d+")
 
 
 def kept_state(value: bytes) -> bytes:
     """The analytics state in a value of a camera's state key."""
-    return value.split(b"\n", 1)[1] if value.startswith(STATE_AFTER) else value
+    state, marker, newest = value.rpartition(STATE_AFTER)
+    return state if marker and _STREAM_ID.fullmatch(newest) else value
 
 
 #: KEYS: lease, analytics state, frames stream, events stream; ARGV: the worker ('' without
@@ -159,10 +164,13 @@ def kept_state(value: bytes) -> bytes:
 #: group, then the frame ids.  A camera's events and analytics state go with the
 #: acknowledgement of the frames they come from, and none of them goes through for a worker
 #: whose camera another worker holds now: its frames stay pending, for the new owner to claim
-#: and analyse again from the state before them (the reply is then the frames key).  Nor for
-#: a state of frames older than those of the state kept: re-sent late by a worker that was
-#: cut off, while the lease is nobody's, it would put the camera's tracks and counts back to
-#: before what another worker analysed since.
+#: and analyse again from the state before them (the reply is then the frames key).  A state
+#: of frames older than those of the state kept is not written (the reply is then the state's
+#: key), its events and acknowledgement are: re-sent late by a worker that was cut off, while
+#: the lease is nobody's, it would put the camera's tracks and counts back to before what
+#: another worker analysed since (whose events for the same frames were the same: a repeat
+#: consumers de-duplicate by event id); and frames published out of their order (a batch of
+#: another image size first) must not be left pending for ever.
 FENCED_ANALYTICS_ACK = (
     _STREAM_IDS
     + _unless_another_holds("KEYS[1]", "KEYS[3]")
@@ -175,19 +183,33 @@ for i = at + 1, #ARGV do
     newest, newest_ms, newest_seq = ARGV[i], ms, seq
   end
 end
-if newest then
-  local kept = redis.call('GETRANGE', KEYS[2], 0, 63)
-  local kept_ms, kept_seq = stream_id(string.match(kept, '^after ([%d-]+)\\n'))
-  if kept_ms and older(newest_ms, newest_seq, kept_ms, kept_seq) then return KEYS[3] end
-  redis.call('SET', KEYS[2], 'after ' .. newest .. '\\n' .. ARGV[2])
+local reply = 1
+local kept_ms, kept_seq = stream_id(
+  string.match(redis.call('GETRANGE', KEYS[2], -48, -1), '\\nafter ([%d%-]+)$'))
+if newest and kept_ms and older(newest_ms, newest_seq, kept_ms, kept_seq) then
+  reply = KEYS[2]
+elseif newest then
+  redis.call('SET', KEYS[2], ARGV[2] .. '\\nafter ' .. newest)
 else
   redis.call('SET', KEYS[2], ARGV[2])
 end
 at = 5
 """
     + _append_each("KEYS[4]", "ARGV[3]", "ARGV[4]")
-    + _acknowledge_the_rest("KEYS[3]")
+    + _acknowledge_the_rest("KEYS[3]", "reply")
 )
+
+
+@dataclass(frozen=True)
+class FramesAcknowledged:
+    """What became of a published batch's acknowledgement, by camera."""
+
+    #: another worker holds their lease now: nothing written, their frames left pending for it
+    #: (it publishes them again, a repeat consumers de-duplicate by ``frame_id``)
+    refused: set[str] = field(default_factory=set)
+    #: a state of newer frames is kept: their frames acknowledged and their events written,
+    #: their state not (analysis goes on from the state in Redis)
+    superseded: set[str] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -349,13 +371,11 @@ class FrameAcks:
         analytics: Mapping[str, AnalyticsWrite] | None = None,
         *,
         events_maxlen: int = 100_000,
-    ) -> set[str]:
+    ) -> FramesAcknowledged:
         """A published batch's frames, of several streams, in one round trip (on a cluster,
         one per node: what they acknowledge, the detections, is written already).
         ``analytics``: by camera, events and state, each camera's in one fenced script with its
-        acknowledgement.  Returns the cameras refused: another worker holds their lease now
-        (their frames stay pending for it; it publishes them again, a repeat consumers
-        de-duplicate by ``frame_id``)."""
+        acknowledgement (``FENCED_ANALYTICS_ACK``)."""
         analytics = analytics or {}
         tx = self.transactions(atomic=bool(analytics) and self._lease_holder is None)
         for key, ids in ids_by_stream.items():
@@ -390,7 +410,12 @@ class FrameAcks:
                 FRAMES_GROUP,
                 *ids,
             )
-        return self._refused(self.execute(tx), list(ids_by_stream))
+        results = self.execute(tx)
+        states = {self._keys.analytics_state(camera).encode(): camera for camera in analytics}
+        return FramesAcknowledged(
+            self._refused(results, list(ids_by_stream)),
+            {states[r] for r in results if isinstance(r, bytes) and r in states},
+        )
 
     @staticmethod
     def execute(tx: SlotTransactions) -> list[object]:

@@ -7,6 +7,8 @@ before them."""
 
 from __future__ import annotations
 
+import logging
+
 from detectors.detector import Detector
 from detectors.postprocess import ImageDetections
 from detectors.preprocess import LetterboxGeometry
@@ -19,6 +21,8 @@ from pipeline.stages.lifecycle import Handoff
 from pipeline.telemetry import DetectedFrame
 from streams.messages import Detection, DetectionMessage, FrameMessage, Timestamps
 from streams.sinks import DetectionSink
+
+log = logging.getLogger(__name__)
 
 
 class Publisher:
@@ -84,7 +88,7 @@ class Publisher:
             by_stream.setdefault(self._keys.frames(q.camera), []).append(q.item.entry_id)
         try:
             self._sink.write(detections)
-            refused = self._acks.acknowledge_frames(
+            acked = self._acks.acknowledge_frames(
                 by_stream, writes, events_maxlen=self._events_maxlen
             )
         except BaseException:
@@ -92,8 +96,17 @@ class Publisher:
                 self._analyser.forget(writes)
             raise
         if writes:
-            # a camera whose lease moved on: its new owner analyses these frames again
-            self._analyser.forget(refused)  # type: ignore[union-attr]
+            refused = acked.refused
+            # a camera whose lease moved on: its new owner analyses these frames again; one
+            # whose state in Redis is of newer frames: its next frames start from that one
+            self._analyser.forget(refused | acked.superseded)  # type: ignore[union-attr]
+            for camera in sorted(acked.superseded):
+                log.warning(
+                    "camera %s: analytics state in Redis is of newer frames than this batch's "
+                    "(written by another worker meanwhile, or a batch published out of the "
+                    "camera's order): their events written, that state kept",
+                    camera,
+                )
             self._telemetry.objects_analysed(
                 [e for camera in writes.keys() - refused for e in analysed.commits[camera].events]
             )

@@ -208,11 +208,16 @@ class DecoderProcesses:
     @staticmethod
     def _receive(process: DecodeProcess) -> None:
         """What the process sent, moved off its pipe (an exit also frees the camera's place)."""
-        try:
-            while process.control.poll():
+        while True:
+            try:
+                if not process.control.poll():
+                    return
                 message = process.control.recv()
-                if message[0] == "exited":
-                    process.cameras.pop(message[1], None)
-                process.received.append(message)
-        except (EOFError, OSError):
-            pass  # the process is gone and sent everything it had: nothing more to read
+            except (EOFError, OSError):
+                return  # the process is gone and sent everything it had: nothing more to read
+            except Exception:  # one message that does not unpickle: said, the next ones read
+                log.exception("%s: a message from it not read", process.process.name)
+                continue
+            if message[0] == "exited":
+                process.cameras.pop(message[1], None)
+            process.received.append(message)

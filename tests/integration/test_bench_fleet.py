@@ -45,7 +45,6 @@ def test_a_small_fleet_shares_its_cameras_and_loses_nothing_to_a_lost_decode_hos
     assert {r["redis"] for r in runs} == {"single", "cluster"}
     for fleet in measured:
         assert fleet["cameras_placed"] == CAMERAS and fleet["frames_per_s"] > 0, fleet
-        assert fleet["settled_after_s"] >= fleet["placed_after_s"] > 0, fleet
         assert fleet["redis_calls_per_frame"] > 0, fleet
         for name in ("removed_until_retired_s", "added_until_detected_s"):
             assert len(fleet["propagation"][name]) == 1, fleet  # the camera came back
