@@ -380,10 +380,7 @@ class FrameReader:
         # Rectangular letterboxing gives each source aspect its own shape: frames of one shape
         # run together (padding a mixed batch to a common shape would change a frame's
         # detections with its batch-mates).
-        by_shape: dict[tuple[int, ...], list[int]] = {}
-        for index, image in enumerate(images):
-            by_shape.setdefault(image.shape, []).append(index)
-        for indices in by_shape.values():
+        for indices in batches_by_shape([i.shape for i in images], [q.camera for q in kept]):
             tensor = self._detector.prepare([images[i] for i in indices])
             frames_of_shape = [kept[i] for i in indices]
             fresh = frozenset(q.camera for q in frames_of_shape) & self._fresh
@@ -391,3 +388,22 @@ class FrameReader:
             self._outbox.put(
                 PreparedBatch(next(self._batch_ids), frames_of_shape, tensor, batched, fresh)
             )
+
+
+def batches_by_shape(shapes: list[tuple[int, ...]], cameras: list[str]) -> list[list[int]]:
+    """The frames of a dispatch (their images' shapes and cameras, in the dispatch's order)
+    as batches of one shape each, in the order they are published: one batch a shape, except
+    that a camera's frame never goes in a batch before one holding an earlier frame of that
+    camera (a camera whose picture changed size with its session: its detections, and the
+    analytics after them, keep the camera's order)."""
+    batches: list[tuple[tuple[int, ...], list[int]]] = []
+    last_batch: dict[str, int] = {}  # by camera: the batch its latest frame went in
+    for index, (shape, camera) in enumerate(zip(shapes, cameras, strict=True)):
+        first = last_batch.get(camera, 0)
+        at = next((b for b in range(first, len(batches)) if batches[b][0] == shape), None)
+        if at is None:
+            at = len(batches)
+            batches.append((shape, []))
+        batches[at][1].append(index)
+        last_batch[camera] = at
+    return [indices for _shape, indices in batches]
