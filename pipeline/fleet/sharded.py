@@ -9,8 +9,8 @@ fenced by its lease (``streams.fence``).  At each tick of the supervisor:
 * every lease tick (a third of the TTL), the leases are renewed and taken by the plan: each
   camera's owner is the live worker rendezvous hashing ranks highest among those with room
   for its weight (``pipeline.leases.placement``; what fits nowhere is reported unplaced);
-  a worker's first lease tick only joins, so that workers starting together plan with each
-  other from the first camera on;
+  while no camera is leased yet (a fleet starting), a worker's first lease tick only joins, so
+  that workers starting together plan with each other from the first camera on;
 * then, from the leases' state (not from what the tick reported, which an outage can cut
   short): a camera this worker holds and does not decode yet first has the session of a
   decoder that died or was cut off ended, from its progress (the frames it put in Redis are
@@ -267,19 +267,23 @@ class ShardedDecoders(Part):
         capacity = "" if self._capacity is None else repr(self._capacity)
         self._client.hset(self._keys.decode_capacity(), self._lease.worker, capacity)
         if not self._joined:
-            # Its first lease tick only joins (as Kafka's group.initial.rebalance.delay.ms):
-            # workers that start together (a fleet, a Deployment scaled up) then all plan
-            # with each other from their first cameras on.  Taking at once, 1,000 cameras
-            # over four workers started within 0.1 s kept moving for 7 s after each was
-            # decoded somewhere: what the first workers took, they handed over again, each
-            # a new session.
-            workers = self._leases.join()
+            starting = not self._leases.any_held()
             self._joined = True
-            log.info(
-                "decode workers %s: joined; cameras taken from the next lease tick",
-                ", ".join(workers),
-            )
-            return
+            if starting:
+                # A fleet starting: this first lease tick only joins (as Kafka's
+                # group.initial.rebalance.delay.ms), so that workers starting together (a
+                # Deployment scaled from 0) all plan with each other from their first cameras
+                # on.  Taking at once, 1,000 cameras over four workers started within 0.1 s
+                # kept moving for 7 s after each was decoded somewhere: what the first workers
+                # took, they handed over again, each a new session.  A worker joining a fleet
+                # that runs (a pod restarted) takes its share at once: waiting a tick there
+                # put a restarted worker's cameras back 0.7 s later.
+                workers = self._leases.join()
+                log.info(
+                    "decode workers %s: joined; cameras taken from the next lease tick",
+                    ", ".join(workers),
+                )
+                return
         changes = self._leases.tick()  # what it changed is settled from the leases' state
         if changes:
             log.info(

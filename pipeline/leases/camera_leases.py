@@ -224,6 +224,14 @@ class CameraLeases:
             )
         )
 
+    def any_held(self) -> bool:
+        """Whether any worker holds any of the cameras' leases (one pipeline: a round trip
+        per node on a cluster)."""
+        pipe = self.redis_client.pipeline(transaction=False)
+        for camera in self.cameras:
+            pipe.exists(self.role.lease(self.keys, camera))
+        return any(pipe.execute()) if self.cameras else False
+
     def valid(self) -> bool:
         """Whether this worker may read its cameras now (not while a renewal is overdue: a
         worker cut off from Redis must not read on once its leases may have run out)."""

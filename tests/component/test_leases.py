@@ -88,6 +88,7 @@ def test_workers_that_join_before_they_take_never_hand_over(redis_client, prefix
     for worker in eager:
         worker.leave()
     joining = workers(redis_client, prefix + "-joining", "a", "b", "c")
+    assert not any(worker.any_held() for worker in joining)  # a fleet starting: join first
     for worker in joining:
         worker.join()
     changes = [worker.tick() for worker in joining]
@@ -95,6 +96,7 @@ def test_workers_that_join_before_they_take_never_hand_over(redis_client, prefix
     for worker, change in zip(joining, changes, strict=True):
         expected = {c for c in CAMERAS if rendezvous_owner(c, ["a", "b", "c"]) == worker.worker_id}
         assert set(change.gained) == expected == worker.held
+    assert all(worker.any_held() for worker in joining)  # one joining now takes at once
 
 
 def test_a_leaving_worker_frees_its_cameras_at_once(redis_client, prefix):
