@@ -226,11 +226,11 @@ class CameraLeases:
 
     def any_held(self) -> bool:
         """Whether any worker holds any of the cameras' leases (one pipeline: a round trip
-        per node on a cluster)."""
+        per node on a cluster; GET, which a worker's Redis user may run already)."""
         pipe = self.redis_client.pipeline(transaction=False)
         for camera in self.cameras:
-            pipe.exists(self.role.lease(self.keys, camera))
-        return any(pipe.execute()) if self.cameras else False
+            pipe.get(self.role.lease(self.keys, camera))
+        return any(held is not None for held in pipe.execute()) if self.cameras else False
 
     def valid(self) -> bool:
         """Whether this worker may read its cameras now (not while a renewal is overdue: a
