@@ -184,8 +184,9 @@ for i = at + 1, #ARGV do
   end
 end
 local reply = 1
-local kept_ms, kept_seq = stream_id(
-  string.match(redis.call('GETRANGE', KEYS[2], -48, -1), '\\nafter ([%d%-]+)$'))
+-- GET, not GETRANGE: the commands a worker's Redis user may run are documented
+local kept = string.sub(redis.call('GET', KEYS[2]) or '', -48)
+local kept_ms, kept_seq = stream_id(string.match(kept, '\\nafter ([%d%-]+)$'))
 if newest and kept_ms and older(newest_ms, newest_seq, kept_ms, kept_seq) then
   reply = KEYS[2]
 elseif newest then
