@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ REFERENCE = ASSETS / "reference" / "yolov8n_fp32_detections.json"
 SAMPLE_CLIPS = REPO_ROOT / "samples" / "clips"
 
 _prefixes = itertools.count()
+_users = itertools.count()
 
 
 @pytest.fixture(scope="session")
@@ -59,3 +61,19 @@ def redis_client_module(redis_url: str) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_url)
     yield client
     client.close()
+
+
+@pytest.fixture
+def acl_user(redis_client):
+    """Makes a Redis ACL user with the given rules (password ``pw``); removed after the test."""
+    names = []
+
+    def make(*rules: str) -> tuple[str, str]:
+        name = f"fbtest{next(_users)}-{os.getpid()}"
+        redis_client.execute_command("ACL", "SETUSER", name, "reset", "on", ">pw", *rules)
+        names.append(name)
+        return name, "pw"
+
+    yield make
+    for name in names:
+        redis_client.execute_command("ACL", "DELUSER", name)

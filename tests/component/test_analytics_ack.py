@@ -3,8 +3,6 @@ fenced script on a real redis-server, or not at all for a worker that lost the c
 
 from __future__ import annotations
 
-import pytest
-
 from pipeline.analytics.state import CameraState
 from pipeline.analytics.store import AnalyticsStore, dump_state, load_state
 from pipeline.ledger.acks import AnalyticsWrite, FrameAcks, FramesAcknowledged, kept_state
@@ -33,17 +31,6 @@ def event(seq: int, index: int, **extra) -> ObjectEvent:
     )
 
 
-@pytest.fixture
-def pending(redis_client, prefix):
-    """Two frames of camera ``gate`` read by worker w1, not yet acknowledged."""
-    keys = StreamKeys(prefix)
-    frames = keys.frames("gate")
-    redis_client.xgroup_create(frames, FRAMES_GROUP, id="0", mkstream=True)
-    ids = [redis_client.xadd(frames, {"seq": str(n)}) for n in range(2)]
-    redis_client.xreadgroup(FRAMES_GROUP, "w1", {frames: ">"})
-    return keys, frames, ids
-
-
 def write(events: list[ObjectEvent], state: bytes = b"state after") -> AnalyticsWrite:
     return AnalyticsWrite([e.to_fields() for e in events], state)
 
@@ -53,8 +40,8 @@ def kept(redis_client, keys: StreamKeys) -> bytes | None:
     return None if value is None else kept_state(value)
 
 
-def test_the_lease_holder_writes_events_state_and_acknowledgement(redis_client, pending):
-    keys, frames, ids = pending
+def test_the_lease_holder_writes_events_state_and_acknowledgement(redis_client, gate_pending):
+    keys, frames, ids = gate_pending
     redis_client.set(keys.lease("gate"), "w1")
     acks = FrameAcks(redis_client=redis_client, keys=keys, ledger_maxlen=100, lease_holder="w1")
     events = [event(1, 0), event(1, 1, dwell_s=None)]
@@ -69,8 +56,8 @@ def test_the_lease_holder_writes_events_state_and_acknowledgement(redis_client, 
     assert redis_client.xlen(frames) == 0
 
 
-def test_a_worker_that_lost_the_lease_writes_nothing(redis_client, pending):
-    keys, frames, ids = pending
+def test_a_worker_that_lost_the_lease_writes_nothing(redis_client, gate_pending):
+    keys, frames, ids = gate_pending
     redis_client.set(keys.lease("gate"), "w2")  # moved on while w1 analysed
     acks = FrameAcks(redis_client=redis_client, keys=keys, ledger_maxlen=100, lease_holder="w1")
     acked = acks.acknowledge_frames({frames: ids}, {"gate": write([event(1, 0)])})
@@ -80,8 +67,8 @@ def test_a_worker_that_lost_the_lease_writes_nothing(redis_client, pending):
     assert redis_client.xpending(frames, FRAMES_GROUP)["pending"] == 2  # for w2 to claim
 
 
-def test_a_frame_without_events_still_writes_its_state(redis_client, pending):
-    keys, frames, ids = pending
+def test_a_frame_without_events_still_writes_its_state(redis_client, gate_pending):
+    keys, frames, ids = gate_pending
     acks = FrameAcks(redis_client=redis_client, keys=keys, ledger_maxlen=100)  # no leases
     assert acks.acknowledge_frames({frames: ids}, {"gate": write([])}).refused == set()
     assert kept(redis_client, keys) == b"state after"
@@ -95,11 +82,11 @@ def seqs_of_events(redis_client, keys: StreamKeys) -> list[int]:
     ]
 
 
-def test_a_state_of_older_frames_than_the_kept_one_is_not_written(redis_client, pending):
+def test_a_state_of_older_frames_than_the_kept_one_is_not_written(redis_client, gate_pending):
     """w1, cut off after analysing the first frame, has its write re-sent late, while nobody
     holds the lease, after w2 analysed both frames: the tracks and counts stay w2's; w1's
     events are written (w2's for the same frame were the same: a repeat, by event id)."""
-    keys, frames, ids = pending
+    keys, frames, ids = gate_pending
     w2 = FrameAcks(redis_client=redis_client, keys=keys, ledger_maxlen=100, lease_holder="w2")
     assert w2.acknowledge_frames({frames: ids}, {"gate": write([event(2, 0)], b"w2's")}) == (
         FramesAcknowledged()
@@ -115,12 +102,12 @@ def test_a_state_of_older_frames_than_the_kept_one_is_not_written(redis_client, 
 
 
 def test_frames_published_out_of_their_order_are_acknowledged_not_left_pending(
-    redis_client, pending
+    redis_client, gate_pending
 ):
     """A batch of another image size published first (a camera whose picture changed size
     with its session): the older frame's events are written and it is acknowledged, the state
     of the newer one is kept."""
-    keys, frames, ids = pending
+    keys, frames, ids = gate_pending
     acks = FrameAcks(redis_client=redis_client, keys=keys, ledger_maxlen=100)  # no leases
     assert acks.acknowledge_frames({frames: ids[1:]}, {"gate": write([event(2, 0)], b"2")}) == (
         FramesAcknowledged()
@@ -134,9 +121,9 @@ def test_frames_published_out_of_their_order_are_acknowledged_not_left_pending(
 
 
 def test_a_state_kept_before_the_newest_frame_was_written_with_it_is_read_as_it_is(
-    redis_client, pending
+    redis_client, gate_pending
 ):
-    keys, frames, ids = pending
+    keys, frames, ids = gate_pending
     redis_client.set(keys.analytics_state("gate"), b"older state")
     acks = FrameAcks(redis_client=redis_client, keys=keys, ledger_maxlen=100)
     assert kept(redis_client, keys) == b"older state"
@@ -144,10 +131,10 @@ def test_a_state_kept_before_the_newest_frame_was_written_with_it_is_read_as_it_
     assert kept(redis_client, keys) == b"state after"
 
 
-def test_the_state_written_reads_back_here_and_in_an_earlier_version(redis_client, pending):
+def test_the_state_written_reads_back_here_and_in_an_earlier_version(redis_client, gate_pending):
     """An earlier version (a rolling upgrade, a rollback) reads the value whole: the newest
     frame's id after the compressed state is ignored there."""
-    keys, frames, ids = pending
+    keys, frames, ids = gate_pending
     state = CameraState(session="s1", last_seq=1, last_time=0.1)
     acks = FrameAcks(redis_client=redis_client, keys=keys, ledger_maxlen=100)
     assert acks.acknowledge_frames({frames: ids}, {"gate": write([], dump_state(state))}) == (

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 import subprocess
 import sys
@@ -15,13 +14,13 @@ import redis
 
 from pipeline.fleet.registry import CameraRegistry
 from streams.keys import StreamKeys
+from tests.acl_rules import DAEMON_RULES, DECODE_RULES, DETECT_RULES, REGISTRY_RULES
 from tests.conftest import MODEL, SAMPLE_CLIPS
 from tests.integration.runner import framebatch, write_config
 
 pytestmark = pytest.mark.integration
 
 CLIP = SAMPLE_CLIPS / "testsrc_640x360_15fps.mp4"
-_users = itertools.count()
 
 
 def _one_clear_line(proc: subprocess.CompletedProcess[str], *expected: str) -> str:
@@ -81,22 +80,6 @@ def test_a_model_file_that_is_not_a_model_is_one_line(tmp_path, content, expecte
     _one_clear_line(framebatch("run", str(config), "--until-done", timeout=120), "x.onnx", expected)
 
 
-@pytest.fixture
-def acl_user(redis_client):
-    """Makes a Redis ACL user with the given rules; removed after the test."""
-    names = []
-
-    def make(*rules: str) -> tuple[str, str]:
-        name = f"fbtest{next(_users)}-{os.getpid()}"
-        redis_client.execute_command("ACL", "SETUSER", name, "reset", "on", ">pw", *rules)
-        names.append(name)
-        return name, "pw"
-
-    yield make
-    for name in names:
-        redis_client.execute_command("ACL", "DELUSER", name)
-
-
 @pytest.mark.parametrize(
     ("rules", "expected"),
     [
@@ -129,7 +112,7 @@ def test_a_decode_worker_on_a_shared_redis_checks_its_registry_and_lease_command
 ):
     rules = [f"~{prefix}:*", *DAEMON_RULES]
     rules += REGISTRY_RULES if granted != "daemon" else []
-    rules += DECODE_RULES.split() if granted == "documented" else []
+    rules += DECODE_RULES if granted == "documented" else []
     user, password = acl_user(*rules)
     config = one_camera_config(tmp_path, assets, as_user(redis_url, user, password), prefix=prefix)
     proc = framebatch("decode", str(config), "--http", "off", timeout=120)
@@ -186,29 +169,12 @@ def test_consume_takes_the_url_from_the_environment_or_a_file(redis_url, tmp_pat
         client.close()
 
 
-#: docs/operations.md, "Redis users (ACL)": the daemon's rules, and what a worker's leases add
-#: (``framebatch detect``, ``framebatch decode``)
-DAEMON_RULES = (
-    "+ping +time +xadd +xlen +xrange +xrevrange +xread +xgroup|create +xreadgroup +xpending "
-    "+xclaim +xack +xdel +del +hset +hgetall +multi +exec"
-).split()
-DETECT_RULES = (
-    "+evalsha +script|load +eval +zadd +zrange +zremrangebyscore +zrem +zscore +get +set +pexpire"
-)
-#: what a decode worker's fence adds to the leases' rules (a frame's WATCH/MULTI)
-DECODE_RULES = DETECT_RULES + " +watch"
-#: what the camera registry adds on a shared Redis (run, decode, detect)
-REGISTRY_RULES = (
-    "+evalsha +script|load +eval +get +hget +hmget +hdel +incr +sadd +srem +sismember +smismember"
-).split()
-
-
 @pytest.mark.parametrize("documented", [True, False], ids=["detect-rules", "daemon-rules-only"])
 def test_a_detector_worker_checks_its_lease_commands_at_start(
     redis_url, acl_user, prefix, tmp_path, assets, documented
 ):
     rules = [f"~{prefix}:*", *DAEMON_RULES, *REGISTRY_RULES]
-    rules += DETECT_RULES.split() if documented else []
+    rules += DETECT_RULES if documented else []
     user, password = acl_user(*rules)
     config = one_camera_config(tmp_path, assets, as_user(redis_url, user, password), prefix=prefix)
     if not documented:

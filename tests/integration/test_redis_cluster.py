@@ -24,9 +24,9 @@ from streams.redis_access import check_access
 from streams.redis_cluster import GroupsMissing, SlotTransactions, read_streams
 from streams.redis_connect import connect
 from streams.redis_errors import is_nogroup, is_outage
+from tests.acl_rules import DAEMON_RULES, DETECT_RULES, REGISTRY_RULES
 from tests.conftest import MODEL, SAMPLE_CLIPS
 from tests.integration.runner import framebatch, wait_for, write_config
-from tests.integration.test_bad_input import DAEMON_RULES, DETECT_RULES, REGISTRY_RULES
 from tests.integration.test_camera_leases import (
     CAMERAS,
     CLIP,
@@ -158,7 +158,7 @@ def test_a_cluster_user_needs_the_documented_rules(cluster, documented):
     """docs/operations.md: on a cluster the client also reads the slot map and the command
     table (CLUSTER SLOTS, COMMAND); a user without them is told which one is missing."""
     user, password = f"fb-{documented}", "pw"
-    rules = [*DAEMON_RULES, *DETECT_RULES.split(), *REGISTRY_RULES]
+    rules = [*DAEMON_RULES, *DETECT_RULES, *REGISTRY_RULES]
     rules += CLUSTER_RULES if documented else []
     for port in cluster.ports:  # ACL users are per node
         with redis.Redis(port=port) as node:
