@@ -1,8 +1,12 @@
 """The fleet benchmark, short (``framebatch_tools.bench.fleet``): cameras from the registry
-over two decode and two detect workers on hosts of their own (network namespaces), on a single
-Redis and on a Redis Cluster; a camera removed and added back through the registry; a decode
-host cut off for 5 s and another SIGKILLed: their cameras back on other hosts, and
-every frame of every session detected or dropped with a cause, none after its session's end.
+over two decode and two detect workers on hosts of their own (network namespaces), on a Redis
+Cluster; a camera removed and added back through the registry; a decode host cut off for 5 s
+and another SIGKILLed: their cameras back on other hosts, and every frame of every session
+detected or dropped with a cause, none after its session's end.
+
+On the cluster only (42 s; both took CI 80 s): a single Redis is the simpler of the two for the
+same code, and its decode hosts cut off and killed are test_several_hosts.py's and
+test_chaos.py's.
 
 Run as a process: the benchmark moves itself onto the Redis host's network."""
 
@@ -30,7 +34,7 @@ def test_a_small_fleet_shares_its_cameras_and_loses_nothing_to_a_lost_decode_hos
         [
             *(sys.executable, "-m", "framebatch_tools.bench.fleet"),
             *("--cameras", str(CAMERAS), "--hosts", "2", "--fps", "2", "--window", "3"),
-            *("--changes", "1", "--redis", "single,cluster", "--faults"),
+            *("--changes", "1", "--redis", "cluster", "--faults"),
             *("--json", str(figures), "--logs", str(tmp_path / "logs")),
         ],
         capture_output=True,
@@ -41,8 +45,7 @@ def test_a_small_fleet_shares_its_cameras_and_loses_nothing_to_a_lost_decode_hos
     runs = json.loads(figures.read_text())
     measured = [r for r in runs if not r["faults"]]
     faulted = [r for r in runs if r["faults"]]
-    assert sorted(r["redis"] for r in measured) == sorted(r["redis"] for r in faulted)
-    assert {r["redis"] for r in runs} == {"single", "cluster"}
+    assert [r["redis"] for r in measured] == [r["redis"] for r in faulted] == ["cluster"]
     for fleet in measured:
         assert fleet["cameras_placed"] == CAMERAS and fleet["frames_per_s"] > 0, fleet
         assert fleet["redis_calls_per_frame"] > 0, fleet
