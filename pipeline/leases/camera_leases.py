@@ -42,13 +42,16 @@ VALID_SHARE = 0.8  # of the TTL: how long after a renewal was sent the leases ar
 HELD_SHARE = 0.95
 
 #: KEYS[1] workers zset; ARGV: ttl ms, worker id.  Drops the workers whose heartbeat ran out,
-#: renews this one's, and returns the live workers.
+#: renews this one's, and returns whether it was absent (1: added, 0: renewed) then the live
+#: workers.
 _HEARTBEAT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[2])
-return redis.call('ZRANGE', KEYS[1], 0, -1)
+local added = redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[2])
+local live = redis.call('ZRANGE', KEYS[1], 0, -1)
+table.insert(live, 1, added)
+return live
 """
 #: KEYS[1] lease; ARGV: worker id, ttl ms.  Takes a free lease or renews one's own: 1, else 0.
 _HOLD = """
@@ -146,6 +149,7 @@ class CameraLeases:
     retaken: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
+        self._beat_at: float | None = None  # when the last heartbeat was sent
         self._heartbeat = self.redis_client.register_script(_HEARTBEAT)
         self._release = self.redis_client.register_script(_RELEASE)
 
@@ -174,13 +178,30 @@ class CameraLeases:
                 self.ttl_s,
             )
         self.renewed_at = sent
-        workers = self.join()
+        workers, forgotten = self._beat(sent)
         gained, lost, handing_over = [], [], []
         owner = (
             self.owner_of(workers) if self.owner_of else partial(rendezvous_owner, workers=workers)
         )
-        wins = {camera for camera in self.cameras if owner(camera) == self.worker_id}
         mine = self.held | self.handing_over
+        if forgotten is not None:
+            # Redis lost the workers (restarted without its data, or a replica promoted
+            # before it had them) and with them the leases: the workers seen are those that
+            # ticked since, so planning with them, the first to tick took every camera whose
+            # holder had not renewed yet, for the holders to lose, each a new session.  Each
+            # renews what it holds; all plan with all from the next tick.
+            log.warning(
+                "%s leases: Redis no longer had this worker's heartbeat (renewed %.1f s "
+                "before, TTL %g s; restarted without its data?): renewing the %d camera(s) "
+                "held, taking none until the other workers are back",
+                self.role.name,
+                sent - forgotten,
+                self.ttl_s,
+                len(mine),
+            )
+            wins = set(mine)
+        else:
+            wins = {camera for camera in self.cameras if owner(camera) == self.worker_id}
         answers = self._hold_leases([c for c in self.cameras if c in mine or c in wins])
         lapsed = self.clock() >= self.held_until  # the renewal arrived at the latest now
         for camera, answer in answers.items():
@@ -217,12 +238,18 @@ class CameraLeases:
     def join(self) -> tuple[str, ...]:
         """Heartbeat only, taking nothing: the other workers see this one and plan with it
         (hand over what it wins) before it takes anything; returns the live workers."""
-        return tuple(
-            w.decode()
-            for w in self._heartbeat(
-                keys=[self.role.workers(self.keys)], args=[self._ttl_ms, self.worker_id]
-            )
+        return self._beat(self.clock())[0]
+
+    def _beat(self, sent: float) -> tuple[tuple[str, ...], float | None]:
+        """The heartbeat, sent at ``sent``: the live workers, and when the last heartbeat
+        went out if Redis no longer had it though it was surely still in force (None
+        otherwise)."""
+        added, *live = self._heartbeat(
+            keys=[self.role.workers(self.keys)], args=[self._ttl_ms, self.worker_id]
         )
+        last, self._beat_at = self._beat_at, sent
+        in_force = last is not None and sent - last < self.ttl_s * HELD_SHARE
+        return tuple(w.decode() for w in live), last if added and in_force else None
 
     def any_held(self) -> bool:
         """Whether any worker holds any of the cameras' leases (one pipeline: a round trip
@@ -241,7 +268,7 @@ class CameraLeases:
         """Heartbeat and renew what is held, taking nothing new (a worker that is stopping
         keeps its cameras while it finishes their frames)."""
         sent = self.clock()
-        self._heartbeat(keys=[self.role.workers(self.keys)], args=[self._ttl_ms, self.worker_id])
+        self._beat(sent)
         answers = self._hold_leases(sorted(self.held | self.handing_over))
         for camera, answer in answers.items():
             if not isinstance(answer, Exception) and not answer:

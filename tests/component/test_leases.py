@@ -99,6 +99,25 @@ def test_workers_that_join_before_they_take_never_hand_over(redis_client, prefix
     assert all(worker.any_held() for worker in joining)  # one joining now takes at once
 
 
+def test_after_redis_forgot_the_workers_none_takes_another_ones_cameras(redis_client, prefix):
+    """Redis restarted without its data: the first worker to tick saw itself alone and took
+    every camera whose holder had not renewed yet, which the holders then lost, each a new
+    session (decoders) or a take-over (detectors).  A worker whose heartbeat is gone although
+    it renewed it within the TTL only renews what it holds that tick; nothing moves."""
+    fleet = workers(redis_client, prefix, "a", "b", "c")
+    settle(fleet)
+    before = {worker.worker_id: set(worker.held) for worker in fleet}
+    redis_client.delete(*redis_client.keys(f"{prefix}:*"))  # restarted empty
+    changes = [worker.tick() for worker in fleet]  # each sees the ones that ticked before it
+    assert [(c.gained, c.lost, c.handing_over) for c in changes] == [((), (), ())] * 3
+    assert {w.worker_id: w.held for w in fleet} == before
+    settle(fleet, rounds=2)  # all registered again: each plans with all of them
+    assert {w.worker_id: w.held for w in fleet} == before
+    assert owners_in_redis(redis_client, prefix) == {
+        c: w for w, cameras in before.items() for c in cameras
+    }
+
+
 def test_a_leaving_worker_frees_its_cameras_at_once(redis_client, prefix):
     a, b = workers(redis_client, prefix, "a", "b")
     settle([a, b])
