@@ -89,12 +89,17 @@ class LeaseKeeper:
         """Tell the reader what changed in the leases since it was last told."""
         leases = self._leases
         told = self._reading | set(self._handing_over)
-        self._retaken = (self._retaken | leases.retaken) & told
+        # a camera whose write was refused while this worker still holds it: a position
+        # past its own is kept (written while the lease was nobody's), so it is looked at
+        # as one held again late is, and taken over again from there; left alone, its
+        # entries stayed pending here until the worker restarted
+        refused = self._acks.take_refusals() & (leases.held | leases.handing_over)
+        self._retaken = (self._retaken | leases.retaken | refused) & told
         for camera in self._read_on_elsewhere():
             # adopted again below (or, handed over, let go at once), from the position kept
             log.warning(
-                "camera %s: another worker read it on while this one's lease had run out; "
-                "taken over again from the position kept in Redis",
+                "camera %s: another worker read it on (while this one's lease had run out, "
+                "or it was nobody's); taken over again from the position kept in Redis",
                 camera,
             )
             self._reading.discard(camera)
@@ -117,8 +122,9 @@ class LeaseKeeper:
             self._adopt(gained)
 
     def _read_on_elsewhere(self) -> list[str]:
-        """Of the cameras held again after their leases may have run out, those another worker
-        read further meanwhile (their kept positions are past this worker's).  The others
+        """Of the cameras held again after their leases may have run out (or whose writes were
+        refused while held), those another worker read further meanwhile (their kept
+        positions are past this worker's).  The others
         read on as they were: dropping them would read this worker's own frames in flight a
         second time.  A Redis error leaves them to be looked at after the next renewal."""
         cameras = sorted(self._retaken)

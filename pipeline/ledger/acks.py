@@ -16,6 +16,7 @@ another worker read the camera further.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -252,6 +253,10 @@ class FrameAcks:
         # by camera: the newest position this worker sent (its reader's thread) or adopted
         # (its lease keeper's, before the reader reads the camera); the keeper compares
         self._sent: dict[str, CameraPosition] = {}
+        # cameras whose fenced writes were refused since the lease keeper last looked (the
+        # reader's and the publisher's threads add, the keeper's takes)
+        self._refusals: set[str] = set()
+        self._refusals_lock = threading.Lock()
 
     @property
     def lease_holder(self) -> str | None:
@@ -362,9 +367,20 @@ class FrameAcks:
     def _refused(self, results: list[object], frames_keys: list[str]) -> set[str]:
         """The cameras whose fenced script answered with their frames key: refused."""
         keys = {key.encode() for key in frames_keys}
-        return {
+        refused = {
             self._keys.camera_from_frames(r) for r in results if isinstance(r, bytes) and r in keys
         }
+        if refused:
+            with self._refusals_lock:
+                self._refusals |= refused
+        return refused
+
+    def take_refusals(self) -> set[str]:
+        """The cameras whose writes were refused since the last call: another worker holds
+        their lease now, or a position past this worker's is kept (``read_on_elsewhere``)."""
+        with self._refusals_lock:
+            refused, self._refusals = self._refusals, set()
+        return refused
 
     def acknowledge_frames(
         self,

@@ -163,6 +163,28 @@ def test_a_camera_nobody_read_while_the_lease_had_run_out_is_read_on(redis_clien
     assert told(changes) == []
 
 
+def test_a_write_refused_as_behind_while_the_lease_is_held_is_taken_over_again(
+    redis_client, keeper_parts
+):
+    """w1 holds "a", and its position write is refused: the kept one is past it (written
+    while the lease was nobody's, by a path not known today).  Only logged, the camera's
+    entries stayed pending on w1 until it restarted; now its next tick takes "a" over again
+    from the kept position, as a camera read on elsewhere while its lease had run out."""
+    keeper, clock, hold, changes, keys = keeper_parts
+    tick(keeper, clock)
+    told(changes)
+    kept = CameraPosition("s1", 41, entry_id="99-0")
+    redis_client.hset(keys.cursor("a"), mapping=kept.to_fields())
+    behind = CameraPosition("s1", 3, entry_id="20-0")
+    assert not keeper._acks.acknowledge(keys.frames("a"), [], position=behind)  # refused
+    tick(keeper, clock)
+    taken = changes.take()
+    assert [(c.kind, c.camera) for c in taken] == [("drop", "a"), ("adopt", "a")]
+    assert taken[1].position == kept
+    tick(keeper, clock)
+    assert told(changes) == []  # looked at once
+
+
 def test_a_renewal_a_little_late_but_within_the_ttl_is_no_take_over(redis_client, keeper_parts):
     keeper, clock, hold, changes, keys = keeper_parts
     tick(keeper, clock)
