@@ -8,9 +8,10 @@ DAEMON_RULES = (
     "+ping +time +xadd +xlen +xrange +xrevrange +xread +xgroup|create +xreadgroup +xpending "
     "+xclaim +xack +xdel +del +hset +hgetall +multi +exec"
 ).split()
-#: what a detector worker's leases add (``framebatch detect``)
+#: what a detector worker's leases and fenced writes add (``framebatch detect``)
 DETECT_RULES = (
-    "+evalsha +script|load +eval +zadd +zrange +zremrangebyscore +zrem +zscore +get +set +pexpire"
+    "+evalsha +script|load +eval +zadd +zrange +zremrangebyscore +zrem +zscore +get +set +pexpire "
+    "+hget"
 ).split()
 #: what a decode worker's fence adds to the detector worker's rules (a frame's WATCH/MULTI)
 DECODE_RULES = [*DETECT_RULES, "+watch"]

@@ -180,20 +180,18 @@ class CameraLeases:
         self.renewed_at = sent
         workers, forgotten = self._beat(sent)
         gained, lost, handing_over = [], [], []
-        owner = (
-            self.owner_of(workers) if self.owner_of else partial(rendezvous_owner, workers=workers)
-        )
         mine = self.held | self.handing_over
         if forgotten is not None:
-            # Redis lost the workers (restarted without its data, or a replica promoted
-            # before it had them) and with them the leases: the workers seen are those that
-            # ticked since, so planning with them, the first to tick took every camera whose
-            # holder had not renewed yet, for the holders to lose, each a new session.  Each
-            # renews what it holds; all plan with all from the next tick.
+            # Redis no longer had this worker (restarted without its data, a replica promoted
+            # before it had the heartbeats, or an outage or a cut past the TTL) and maybe not
+            # the others: the workers seen are those that beat since, so planning with them,
+            # the first to tick took every camera whose holder had not renewed yet, for the
+            # holders to lose, each a new session.  Each renews what it holds; all plan with
+            # all from the next tick.
             log.warning(
-                "%s leases: Redis no longer had this worker's heartbeat (renewed %.1f s "
-                "before, TTL %g s; restarted without its data?): renewing the %d camera(s) "
-                "held, taking none until the other workers are back",
+                "%s leases: Redis no longer had this worker's heartbeat (sent %.1f s before, "
+                "TTL %g s): renewing the %d camera(s) held, taking none until the other "
+                "workers are back",
                 self.role.name,
                 sent - forgotten,
                 self.ttl_s,
@@ -201,6 +199,11 @@ class CameraLeases:
             )
             wins = set(mine)
         else:
+            owner = (
+                self.owner_of(workers)
+                if self.owner_of
+                else partial(rendezvous_owner, workers=workers)
+            )
             wins = {camera for camera in self.cameras if owner(camera) == self.worker_id}
         answers = self._hold_leases([c for c in self.cameras if c in mine or c in wins])
         lapsed = self.clock() >= self.held_until  # the renewal arrived at the latest now
@@ -241,15 +244,16 @@ class CameraLeases:
         return self._beat(self.clock())[0]
 
     def _beat(self, sent: float) -> tuple[tuple[str, ...], float | None]:
-        """The heartbeat, sent at ``sent``: the live workers, and when the last heartbeat
-        went out if Redis no longer had it though it was surely still in force (None
-        otherwise)."""
+        """The heartbeat, sent at ``sent``: the live workers, and, when Redis no longer had
+        this worker although it had beaten before, when that last heartbeat went out (None
+        otherwise).  Not only while that one was surely in force: a decode worker's calls
+        fail fast through an outage, so after one longer than the TTL its last heartbeat is
+        old, and Redis may have come back without anybody's."""
         added, *live = self._heartbeat(
             keys=[self.role.workers(self.keys)], args=[self._ttl_ms, self.worker_id]
         )
         last, self._beat_at = self._beat_at, sent
-        in_force = last is not None and sent - last < self.ttl_s * HELD_SHARE
-        return tuple(w.decode() for w in live), last if added and in_force else None
+        return tuple(w.decode() for w in live), last if added and last is not None else None
 
     def any_held(self) -> bool:
         """Whether any worker holds any of the cameras' leases (one pipeline: a round trip
@@ -368,7 +372,7 @@ def wait_for_worker_id(
 
 def lease_probes(client: redis.Redis, key: str) -> list[tuple[str, Callable[[], object]]]:
     """(what, call) for the commands a detector worker's leases run (in scripts: ZADD,
-    ZRANGE, ZREMRANGEBYSCORE, TIME, GET, SET, PEXPIRE, DEL, HSET; ZREM, ZSCORE; and EVAL
+    ZRANGE, ZREMRANGEBYSCORE, TIME, GET, SET, PEXPIRE, DEL, HGET, HSET; ZREM, ZSCORE; and EVAL
     for the position's script in a transaction), on probe keys under ``key``, for the start-up
     check of the Redis user's rights."""
     position = ("EVAL (the camera's position)", lambda: _position_script(client, key))
@@ -392,5 +396,6 @@ def worker_lease_probes(client: redis.Redis, key: str) -> list[tuple[str, Callab
 def _position_script(client: redis.Redis, key: str) -> None:
     pipe = client.pipeline(transaction=True)
     keys = (f"{key}:cursor", f"{key}:lease")
-    pipe.execute_command("EVAL", FENCED_POSITION, 2, *keys, "probe", "probe", 1)
+    # a position with a stream id: the script reads the kept one's (HGET) before writing
+    pipe.execute_command("EVAL", FENCED_POSITION, 2, *keys, "probe", "entry_id", "1-0")
     pipe.execute()

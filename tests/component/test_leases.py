@@ -118,6 +118,27 @@ def test_after_redis_forgot_the_workers_none_takes_another_ones_cameras(redis_cl
     }
 
 
+def test_after_an_outage_past_the_ttl_redis_back_empty_nothing_moves(redis_client, prefix):
+    """A decode worker's calls fail fast through an outage: after one longer than the TTL its
+    last heartbeat is old, and Redis may come back without anybody's (a failover, a restart
+    without data).  Judged by the time since it, the first to tick took 18 of 24 cameras."""
+    now = [1000.0]
+    fleet = [
+        CameraLeases(
+            redis_client, StreamKeys(prefix), name, CAMERAS, ttl_s=TTL_S, clock=lambda: now[0]
+        )
+        for name in ("a", "b", "c")
+    ]
+    settle(fleet)
+    before = {worker.worker_id: set(worker.held) for worker in fleet}
+    now[0] += 30 * TTL_S  # the outage: no heartbeat went through
+    redis_client.delete(*redis_client.keys(f"{prefix}:*"))  # back empty
+    changes = [worker.tick() for worker in fleet]
+    assert [c.gained for c in changes] == [()] * 3
+    settle(fleet, rounds=2)
+    assert {w.worker_id: w.held for w in fleet} == before
+
+
 def test_a_leaving_worker_frees_its_cameras_at_once(redis_client, prefix):
     a, b = workers(redis_client, prefix, "a", "b")
     settle([a, b])
