@@ -43,7 +43,7 @@ from streams.decode_worker import (
 )
 from streams.fence import LEASE_LOST, LeaseLost
 from streams.keys import StreamKeys
-from streams.lifeline import die_with_parent, raise_parent_gone_on
+from streams.lifeline import die_with_parent, parent_alive, raise_parent_gone_on
 from streams.logs import configure_process_logging
 from streams.redis_connect import DEFAULT_RECONNECT_TIMEOUT_S, connect
 from streams.redis_errors import is_outage
@@ -155,6 +155,7 @@ def decode_camera(
     stop: StopSignal,
     *,
     gone: ProcessFlag,
+    worker_alive: Callable[[], bool],
     released: StopSignal | None,
     clients: _Clients,
     rings: list[Path],
@@ -163,7 +164,9 @@ def decode_camera(
     """A camera's thread: decode until its session ends or ``stop`` (set by the process's main
     thread for this camera alone, or for all as the process stops or its daemon is gone),
     then (shm) keep the ring until the batcher has read its frames or ``released`` is set;
-    report the end entry, and always the exit (with why, unless the session ended)."""
+    report the end entry, and always the exit (with why, unless the session ended).
+    ``worker_alive``: whether the daemon lives (under a decode lease, one that ran out is
+    taken back only then: ``streams.fence.SessionFence``)."""
     spec = job.spec
     error: str | None = "decoder thread ended before its session did"
     try:
@@ -182,7 +185,7 @@ def decode_camera(
         if ring is not None:
             rings.append(ring)
         try:
-            error = _decode(job, stop, encoder, clients, reports)
+            error = _decode(job, stop, encoder, clients, reports, worker_alive)
         finally:
             _release(job, encoder, error, clients, gone, released)
             if ring is not None:
@@ -199,6 +202,7 @@ def _decode(
     encoder: FrameEncoder,
     clients: _Clients,
     reports: _Reports,
+    worker_alive: Callable[[], bool],
 ) -> str | None:
     """The session, to its end entry (sent); None, or why it ended without one."""
     spec = job.spec
@@ -212,6 +216,7 @@ def _decode(
             encoder=encoder,
             fail_fast_client=fail_fast,
             session=job.session,
+            worker_alive=worker_alive,
         ).run(stop)
     except redis.RedisError as exc:
         if not is_outage(exc):
@@ -307,6 +312,13 @@ def run_decoder_process(
         die_with_parent(settings.parent_pid, signal.SIGTERM)
     reports, clients = _Reports(control), _Clients()
     cameras: dict[str, tuple[threading.Thread, threading.Event]] = {}
+
+    def worker_alive() -> bool:
+        """Whether the daemon lives, not only once the parent-death signal was handled (a
+        starved process took seconds, and its decoders took leases back meanwhile)."""
+        parent = settings.parent_pid
+        return not gone.is_set() and (parent is None or parent_alive(parent))
+
     try:
         while not stop.is_set() and not gone.is_set():
             if not control.poll(CONTROL_POLL_S):
@@ -319,6 +331,7 @@ def run_decoder_process(
                     args=(argument, own_stop),
                     kwargs={
                         "gone": gone,
+                        "worker_alive": worker_alive,
                         "released": released,
                         "clients": clients,
                         "rings": rings,

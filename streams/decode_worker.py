@@ -141,10 +141,13 @@ class DecodeWorker:
         fail_fast_client: redis.Redis | None = None,
         open_source: Callable[[DecoderSpec], VideoSource] | None = None,
         session: str | None = None,
+        worker_alive: Callable[[], bool] = lambda: True,
     ):
         """``encoder``: how pixels travel (default raw inline); the caller closes it.
         ``open_source`` makes each connection's source (default :func:`video_source`).
         ``session``: the session's id, claimed already (under a lease); default a new one.
+        ``worker_alive``: whether the decode worker whose lease this runs under lives (a
+        lease that ran out is taken back only then: ``SessionFence``).
 
         ``redis_client`` retries through Redis outages (a file job pauses); a camera that
         keeps the freshest frames (no backpressure) sends them with ``fail_fast_client``
@@ -181,7 +184,14 @@ class DecodeWorker:
         self._fence = (
             None
             if spec.lease is None
-            else SessionFence(redis_client, keys, spec.camera, spec.lease, final=spec.file_job)
+            else SessionFence(
+                redis_client,
+                keys,
+                spec.camera,
+                spec.lease,
+                final=spec.file_job,
+                worker_alive=worker_alive,
+            )
         )
 
     def run(self, stop: StopSignal) -> EndOfStream:

@@ -12,7 +12,8 @@ transaction), that
 * the progress still names S: nobody ended S (whoever takes a lost decoder's camera over ends
   its session from its progress, :func:`end_session_in_progress`, which deletes it), and
 * the lease is W's, or free (it ran out while W was cut off and nobody took the camera: with
-  the progress still S's, nobody started another session; W's again).
+  the progress still S's, nobody started another session; W's again, unless W is gone:
+  :class:`SessionFence`).
 
 So a decode host that was cut off or paused, and whose cameras another host took over
 meanwhile, adds nothing behind the next session's, even once the lease has come back to its
@@ -38,16 +39,21 @@ log = logging.getLogger(__name__)
 #: KEYS: lease, progress: the lease's owner and the session in progress, looked at under WATCH
 _LOOK = "return {redis.call('GET', KEYS[1]), redis.call('HGET', KEYS[2], 'session')}"
 
-#: KEYS: lease, frames, progress, decoded; ARGV: worker, ttl ms, what ('progress', 'end'),
-#: session, frames, redis_down, final ('1': a file job), then the end entry's field/value
-#: pairs.  Returns -1 refused, else 0 (or the stream's length after a 'progress' write).
+#: KEYS: lease, frames, progress, decoded; ARGV: worker, ms a lease taken back lasts, what
+#: ('progress', 'end'), session, frames, redis_down, final ('1': a file job), whether a free
+#: lease may be taken back ('1': the decoder's worker lives), then the end entry's field/value
+#: pairs.  Returns -1 refused (-2: the lease is free and may not be taken back), else 0 (or
+#: the stream's length after a 'progress' write).
 _WRITE = """
 local owner = redis.call('GET', KEYS[1])
 if owner and owner ~= ARGV[1] then return -1 end
 if redis.call('HGET', KEYS[3], 'session') ~= ARGV[4] then return -1 end
-if not owner then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end
+if not owner then
+  if ARGV[8] ~= '1' then return -2 end
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+end
 if ARGV[3] == 'end' then
-  redis.call('XADD', KEYS[2], '*', unpack(ARGV, 8))
+  redis.call('XADD', KEYS[2], '*', unpack(ARGV, 9))
   redis.call('DEL', KEYS[3])
   if ARGV[7] == '1' then redis.call('SET', KEYS[4], ARGV[4]) end
   return 0
@@ -83,6 +89,8 @@ if ARGV[4] == '1' then redis.call('SET', KEYS[4], ARGV[3]) end
 return 1
 """
 
+ORPHANED = -2  # :data:`_WRITE`'s answer when the lease ran out and its worker is gone
+
 #: a decoder thread's exit report when it was fenced out: no end entry, and none is due from
 #: its supervisor (the worker that took the camera over wrote it)
 LEASE_LOST = "lease lost"
@@ -91,8 +99,8 @@ Fields = Mapping[str, str | int | float | bytes]
 
 
 class LeaseLost(Exception):
-    """The decoder's session was ended by the worker that took its camera over: it stops,
-    writing nothing more."""
+    """The decoder's session was ended by the worker that took its camera over, or its own
+    worker is gone and the lease ran out: it stops, writing nothing more."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +110,12 @@ class DecodeLease:
 
     worker: str
     ttl_ms: int
+
+    @property
+    def taken_back_ms(self) -> int:
+        """How long a lease a decoder takes back lasts: a tick of its worker (a third of the
+        TTL), whose tick then renews it whole."""
+        return max(1, self.ttl_ms // 3)
 
 
 def _pairs(fields: Fields) -> list[str | int | float | bytes]:
@@ -118,16 +132,32 @@ def _keys(keys: StreamKeys, camera: str) -> list[str]:
 
 
 class SessionFence:
-    """One decoder session's fenced writes (a file job's is ``final``)."""
+    """One decoder session's fenced writes (a file job's is ``final``).
+
+    A lease that ran out with nobody taking the camera is taken back by the next write, but
+    only while ``worker_alive()``, and for a tick of the worker (``taken_back_ms``), which
+    renews it from then on.  A decoder whose worker died (a decode process outlives a
+    SIGKILLed worker by a moment) takes it back no more: the lease would hold the camera
+    another TTL with nobody renewing it, and the worker that wins the camera would wait that
+    out.  A decoder thread starved between its look and its write may still take it back
+    after its worker died unseen (seen: 2 s on a saturated host): for a tick at most."""
 
     def __init__(
-        self, client: redis.Redis, keys: StreamKeys, camera: str, lease: DecodeLease, *, final: bool
+        self,
+        client: redis.Redis,
+        keys: StreamKeys,
+        camera: str,
+        lease: DecodeLease,
+        *,
+        final: bool,
+        worker_alive: Callable[[], bool] = lambda: True,
     ):
         self._script = client.register_script(_WRITE)
         self._camera = camera
         self._keys = _keys(keys, camera)
         self._lease = lease
         self._final = "1" if final else "0"
+        self._worker_alive = worker_alive
 
     def frame(
         self, client: redis.Redis, fields: Fields, progress: Fields, maxlen: int | None
@@ -143,9 +173,11 @@ class SessionFence:
                     pipe.watch(lease, progress_key)
                     owner, session = pipe.execute_command("EVAL", _LOOK, 2, lease, progress_key)
                     self._check(owner, session, str(progress["session"]))
+                    if owner is None and not self._worker_alive():
+                        raise self._orphaned(progress["session"])
                     pipe.multi()
                     if owner is None:  # it ran out, and nobody took the camera: ours again
-                        pipe.set(lease, self._lease.worker, px=self._lease.ttl_ms)
+                        pipe.set(lease, self._lease.worker, px=self._lease.taken_back_ms)
                     pipe.xadd(stream, fields, maxlen=maxlen, approximate=False)
                     pipe.hset(progress_key, mapping=progress)
                     pipe.execute()
@@ -168,6 +200,12 @@ class SessionFence:
             f"{session}; this decoder stops"
         )
 
+    def _orphaned(self, session: object) -> LeaseLost:
+        return LeaseLost(
+            f"camera {self._camera!r}: its decode worker is gone and its lease ran out; session "
+            f"{session} is left for the worker that takes the camera over to end"
+        )
+
     def progress(self, client: redis.Redis, progress: Fields) -> int:
         """The session's progress alone; the stream's length."""
         return self._call(client, "progress", progress, {})
@@ -180,15 +218,18 @@ class SessionFence:
     def _call(self, client: redis.Redis, what: str, progress: Fields, fields: Fields) -> int:
         args = [
             self._lease.worker,
-            self._lease.ttl_ms,
+            self._lease.taken_back_ms,
             what,
             progress["session"],
             progress["frames"],
             progress["redis_down"],
             self._final,
+            "1" if self._worker_alive() else "0",
             *_pairs(fields),
         ]
         result = int(self._script(keys=self._keys, args=args, client=client))
+        if result == ORPHANED:
+            raise self._orphaned(progress["session"])
         if result < 0:
             raise self._lost(progress["session"])
         return result

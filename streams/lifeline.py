@@ -38,6 +38,13 @@ def die_with_parent(parent_pid: int, signum: int = signal.SIGTERM) -> bool:
     return True
 
 
+def parent_alive(parent_pid: int) -> bool:
+    """Whether the parent given is still this process's parent: its death shows here at once
+    (the kernel re-parents its children as it exits), before the parent-death signal is
+    handled, which a starved Python process may take seconds to do."""
+    return os.getppid() == parent_pid
+
+
 def pid_alive(pid: int) -> bool:
     """Whether a process with this pid exists (signal 0 checks without sending anything)."""
     try:

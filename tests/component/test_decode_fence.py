@@ -1,8 +1,9 @@
 """The fence of decoders sharded by lease, on a real redis-server: a decoder whose camera
 another worker took over writes nothing more, even when the lease is free again or back with
 its own worker, even if it never wrote before; a decoder cut off while nobody took its camera
-writes on; a session is claimed only where none is in progress, and ended once; a file's
-session that ends marks the file decoded, never claimed again; the roles' leases never mix."""
+writes on, unless its worker is gone; a session is claimed only where none is in progress,
+and ended once; a file's session that ends marks the file decoded, never claimed again; the
+roles' leases never mix."""
 
 from __future__ import annotations
 
@@ -100,10 +101,61 @@ def test_a_decoder_cut_off_while_nobody_took_its_camera_writes_on(redis_client, 
     redis_client.delete(keys.decode_lease("cam"))  # its lease ran out; no worker took it
     fence.frame(redis_client, *frame("s1", 1), maxlen=None)
     assert redis_client.get(keys.decode_lease("cam")) == b"a"  # its own again
-    assert redis_client.pttl(keys.decode_lease("cam")) > 1000
-    # and the worker that would take it now cannot: a's next tick renews it
+    # for a tick of a (a third of the TTL): should a have died unseen, not a whole TTL
+    assert 1000 < redis_client.pttl(keys.decode_lease("cam")) <= A.ttl_ms // 3
+    redis_client.delete(keys.decode_lease("cam"))
+    fence.progress(redis_client, frame("s1", 1)[1])  # the script's write takes it back alike
+    assert 1000 < redis_client.pttl(keys.decode_lease("cam")) <= A.ttl_ms // 3
+    # and the worker that would take it now cannot; a's next tick renews it whole
     b = CameraLeases(redis_client, keys, "b", ["cam"], ttl_s=5, role=DECODERS)
     assert b.tick().gained == ()
+    a = CameraLeases(redis_client, keys, "a", ["cam"], ttl_s=5, role=DECODERS)
+    a.held.add("cam")
+    a.renew()
+    assert redis_client.pttl(keys.decode_lease("cam")) > A.ttl_ms // 3
+
+
+def test_a_decoder_whose_worker_died_never_takes_its_lease_back(redis_client, keys):
+    """A SIGKILLed decode worker's decode process writes on for a moment: while its lease is
+    in force, its frames and its end go in (counted: nothing lost); once the lease ran out,
+    nothing more, the lease left free for the worker that wins the camera (taken back, it
+    held the camera another whole TTL with nobody renewing it)."""
+    worker = {"alive": True}
+    redis_client.set(keys.decode_lease("cam"), "a", px=5000)
+    assert claim_session(redis_client, keys, "cam", A, "s1", final=False)
+    fence = SessionFence(
+        redis_client, keys, "cam", A, final=False, worker_alive=lambda: worker["alive"]
+    )
+    fence.frame(redis_client, *frame("s1", 0), maxlen=None)
+    worker["alive"] = False  # killed; the lease is still in force
+    fence.frame(redis_client, *frame("s1", 1), maxlen=None)
+    assert redis_client.pttl(keys.decode_lease("cam")) <= 5000  # not renewed by the write
+    redis_client.delete(keys.decode_lease("cam"))  # it ran out
+    with pytest.raises(LeaseLost, match="its decode worker is gone"):
+        fence.frame(redis_client, *frame("s1", 2), maxlen=None)
+    with pytest.raises(LeaseLost, match="its decode worker is gone"):
+        fence.progress(redis_client, frame("s1", 2)[1])
+    with pytest.raises(LeaseLost, match="its decode worker is gone"):
+        fence.end(redis_client, EndOfStream("cam", 2, "stopped", session="s1"))
+    assert redis_client.get(keys.decode_lease("cam")) is None
+    # the worker that wins it takes it at its next tick, and ends the session from progress
+    b = CameraLeases(redis_client, keys, "b", ["cam"], ttl_s=5, role=DECODERS)
+    assert b.tick().gained == ("cam",)
+    ended = end_session_in_progress(redis_client, keys, "cam", B, "a was lost", final=False)
+    assert (ended.session, ended.frames) == ("s1", 2)
+    assert entries(redis_client, keys, "cam") == [("frame", "s1")] * 2 + [("end", "s1")]
+
+
+def test_a_decoder_whose_worker_died_ends_its_session_while_the_lease_is_in_force(
+    redis_client, keys
+):
+    redis_client.set(keys.decode_lease("cam"), "a", px=5000)
+    assert claim_session(redis_client, keys, "cam", A, "s1", final=False)
+    fence = SessionFence(redis_client, keys, "cam", A, final=False, worker_alive=lambda: False)
+    fence.frame(redis_client, *frame("s1", 0), maxlen=None)
+    fence.end(redis_client, EndOfStream("cam", 1, "stopped", session="s1"))
+    assert entries(redis_client, keys, "cam") == [("frame", "s1"), ("end", "s1")]
+    assert redis_client.pttl(keys.decode_lease("cam")) <= 5000
 
 
 def test_a_new_session_is_claimed_only_where_none_is_in_progress(redis_client, keys):

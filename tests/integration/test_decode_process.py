@@ -1,16 +1,27 @@
 """A decode process with several cameras (a real spawned process, real Redis, real H.264
 decode): a camera whose thread fails ends alone, said over the pipe without an end entry, while
-the others in the process decode on and end their sessions."""
+the others in the process decode on and end their sessions; one whose worker is gone takes
+no lease back."""
 
 from __future__ import annotations
 
 import multiprocessing
+import threading
+from dataclasses import replace
 
 import pytest
 
 from detectors.preprocess import Letterbox
-from streams.decode_process import DecoderJob, ProcessSettings, run_decoder_process
+from streams.decode_process import (
+    DecoderJob,
+    ProcessSettings,
+    _Clients,
+    _Reports,
+    decode_camera,
+    run_decoder_process,
+)
 from streams.decode_worker import DecoderSpec, ProcessFlag
+from streams.fence import LEASE_LOST, DecodeLease, claim_session
 from streams.keys import StreamKeys
 from streams.messages import EndOfStream, message_kind
 from tests.conftest import VIDEOS
@@ -88,3 +99,45 @@ def test_a_failing_camera_ends_alone_and_the_others_in_its_process_go_on(
     bad = redis_client.xrange(keys.frames("bad"))
     assert [message_kind(f) for _, f in bad] == ["frame", "frame"]  # no end entry
     assert redis_client.hgetall(keys.progress("bad"))  # what the supervisor ends it from
+
+
+@pytest.mark.parametrize("worker_gone", [False, True])
+def test_a_decoder_whose_worker_is_gone_leaves_a_lease_that_ran_out_free(
+    assets, redis_url, redis_client, prefix, worker_gone
+):
+    """A decode process outlives its SIGKILLed worker by a moment (until the parent-death
+    signal is handled): its decoders never take back a decode lease that ran out, which would
+    hold the camera another TTL with nobody renewing it.  With the worker alive, they do."""
+    keys = StreamKeys(prefix)
+    lease = DecodeLease("w1", 60_000)
+    assert claim_session(redis_client, keys, "cam", lease, "s1", final=True)
+    redis_client.delete(keys.decode_lease("cam"))  # it ran out; nobody took the camera
+    decoder = job("cam", redis_url, prefix, Letterbox(64, 64))
+    decoder = replace(decoder, spec=replace(decoder.spec, lease=lease), session="s1")
+    gone = ProcessFlag()
+    if worker_gone:
+        gone.set()
+    ours, theirs = multiprocessing.Pipe()
+    clients = _Clients()
+    try:
+        decode_camera(
+            decoder,
+            threading.Event(),
+            gone=gone,
+            worker_alive=lambda: not gone.is_set(),
+            released=None,
+            clients=clients,
+            rings=[],
+            reports=_Reports(theirs),
+        )
+    finally:
+        clients.close()
+    exited = [m for m in reports_until(ours, exits=1) if m[0] == "exited"]
+    frames = [f for _, f in redis_client.xrange(keys.frames("cam")) if message_kind(f) == "frame"]
+    if worker_gone:
+        assert exited[0][3] == LEASE_LOST and not frames
+        assert redis_client.get(keys.decode_lease("cam")) is None  # left for the winner
+        assert redis_client.hget(keys.progress("cam"), "session") == b"s1"  # it ends it
+    else:
+        assert exited[0][3] is None and len(frames) == 20
+        assert redis_client.get(keys.decode_lease("cam")) == b"w1"

@@ -1,11 +1,14 @@
-"""A child that learns its parent is gone even when the exception saying so is dropped, and
-a decoder whose daemon is gone leaves no shm ring, however many signals say so."""
+"""A child that learns its parent is gone even when the exception saying so is dropped, or
+before any signal is handled; a decoder whose daemon is gone leaves no shm ring, however many
+signals say so."""
 
 from __future__ import annotations
 
 import gc
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +17,7 @@ import pytest
 from streams import transport
 from streams.decode_process import leave_when_gone, ring_path
 from streams.decode_worker import ProcessFlag
-from streams.lifeline import ParentGone, raise_parent_gone_on
+from streams.lifeline import ParentGone, parent_alive, raise_parent_gone_on
 from streams.shm_ring import ShmRing, segment_name
 from streams.transport import ShmEncoder, TransportSpec
 
@@ -153,3 +156,43 @@ def test_a_decoder_told_to_go_as_its_ring_is_made_leaves_no_ring(
         finally:
             encoder.close()  # the decoder's cleanup
     assert list(tmp_path.iterdir()) == []
+
+
+#: a process whose parent is SIGKILLed: says when it sees it gone (its parent is the argument)
+_ORPHAN = """
+import sys, time
+from streams.lifeline import parent_alive
+parent = int(sys.argv[1])
+print("ready" if parent_alive(parent) else "not its parent", flush=True)
+deadline = time.monotonic() + 30
+while parent_alive(parent) and time.monotonic() < deadline:
+    time.sleep(0.01)
+print("alive" if parent_alive(parent) else "gone", flush=True)
+"""
+#: its parent: starts it, then waits to be killed
+_PARENT = """
+import os, subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", sys.argv[1], str(os.getpid())])
+time.sleep(60)
+"""
+
+
+def test_a_parent_sigkilled_is_seen_gone_in_the_parent_pid():
+    """No signal handled: a decode process whose daemon was SIGKILLed knows at once."""
+    assert parent_alive(os.getppid())
+    root = Path(__file__).resolve().parents[2]
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _PARENT, _ORPHAN],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    try:
+        assert parent.stdout.readline().strip() == "ready"
+        parent.kill()
+        parent.wait()
+        assert parent.stdout.readline().strip() == "gone"
+    finally:
+        parent.kill()
+        parent.stdout.close()
