@@ -41,17 +41,35 @@ VALID_SHARE = 0.8  # of the TTL: how long after a renewal was sent the leases ar
 #: margin for the two clocks' rates); one renewed later may have run out and been taken meanwhile
 HELD_SHARE = 0.95
 
+#: of a second: how long after another worker's heartbeat ran out this one's next tick comes
+#: (its leases ran out with it; the margin covers a Cluster's nodes' clocks)
+RUN_OUT_MARGIN_S = 0.1
+
 #: KEYS[1] workers zset; ARGV: ttl ms, worker id.  Drops the workers whose heartbeat ran out,
-#: renews this one's, and returns whether it was absent (1: added, 0: renewed) then the live
-#: workers.
+#: renews this one's, and returns whether it was absent (1: added, 0: renewed), in how many ms
+#: the first other live worker's heartbeat runs out (-1: there is none), then the live workers.
 _HEARTBEAT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local added = redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[2])
-local live = redis.call('ZRANGE', KEYS[1], 0, -1)
-table.insert(live, 1, added)
-return live
+local live = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+local reply, soonest = {added, -1}, nil
+for i = 1, #live, 2 do
+  table.insert(reply, live[i])
+  local score = tonumber(live[i + 1])
+  if live[i] ~= ARGV[2] and (not soonest or score < soonest) then soonest = score end
+end
+if soonest then reply[2] = soonest - now end
+return reply
+"""
+#: KEYS[1] workers zset; ARGV: ttl ms, worker id.  The heartbeat pushed on again once the
+#: leases are renewed, if the worker is still there: it runs out after them, so a worker that
+#: sees it ran out finds the leases free (and ticks then: ``CameraLeases.next_tick_in``).
+_BEAT_AFTER_RENEWALS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[1]), ARGV[2])
 """
 #: KEYS[1] lease; ARGV: worker id, ttl ms.  Takes a free lease or renews one's own: 1, else 0.
 _HOLD = """
@@ -150,6 +168,8 @@ class CameraLeases:
 
     def __post_init__(self) -> None:
         self._beat_at: float | None = None  # when the last heartbeat was sent
+        # when (``clock``) the first other live worker's heartbeat runs out, as last seen
+        self._others_run_out_at = float("inf")
         self._heartbeat = self.redis_client.register_script(_HEARTBEAT)
         self._release = self.redis_client.register_script(_RELEASE)
 
@@ -157,6 +177,15 @@ class CameraLeases:
     def tick_s(self) -> float:
         """A lost camera moves within the TTL and one tick of the worker that wins it."""
         return min(self.ttl_s / 3, 1.0)
+
+    def next_tick_in(self) -> float:
+        """Seconds until the next tick is due: ``tick_s`` after the last one started, or as
+        soon as another worker's heartbeat runs out (a dead worker's cameras are taken then,
+        not up to a tick later), but not sooner than a fifth of ``tick_s`` after it."""
+        now = self.clock()
+        last = min(self.renewed_at, now)
+        soonest = max(self._others_run_out_at + RUN_OUT_MARGIN_S, last + self.tick_s / 5)
+        return min(last + self.tick_s, soonest) - now
 
     @property
     def _ttl_ms(self) -> int:
@@ -249,9 +278,12 @@ class CameraLeases:
         otherwise).  Not only while that one was surely in force: a decode worker's calls
         fail fast through an outage, so after one longer than the TTL its last heartbeat is
         old, and Redis may have come back without anybody's."""
-        added, *live = self._heartbeat(
+        self._others_run_out_at = float("inf")  # unknown unless this heartbeat answers
+        added, soonest_ms, *live = self._heartbeat(
             keys=[self.role.workers(self.keys)], args=[self._ttl_ms, self.worker_id]
         )
+        if soonest_ms >= 0:
+            self._others_run_out_at = self.clock() + soonest_ms / 1000
         last, self._beat_at = self._beat_at, sent
         return tuple(w.decode() for w in live), last if added and last is not None else None
 
@@ -311,7 +343,13 @@ class CameraLeases:
             lease = self.role.lease(self.keys, camera)
             # EVAL, not EVALSHA: redis-py's cluster pipelines refuse EVALSHA
             pipe.execute_command("EVAL", _HOLD, 1, lease, self.worker_id, self._ttl_ms)
-        answers = pipe.execute(raise_on_error=False) if cameras else []
+        if not cameras:
+            return {}
+        workers = self.role.workers(self.keys)
+        pipe.execute_command("EVAL", _BEAT_AFTER_RENEWALS, 1, workers, self._ttl_ms, self.worker_id)
+        *answers, beat = pipe.execute(raise_on_error=False)
+        if isinstance(beat, Exception):  # only this tick's look at the others' heartbeats
+            log.debug("%s heartbeat after the renewals not sent: %s", self.role.name, beat)
         return {
             camera: answer if isinstance(answer, Exception) else bool(answer)
             for camera, answer in zip(cameras, answers, strict=True)
@@ -384,8 +422,10 @@ def worker_lease_probes(client: redis.Redis, key: str) -> list[tuple[str, Callab
     heartbeat = client.register_script(_HEARTBEAT)
     release = client.register_script(_RELEASE)
     workers, lease = f"{key}:workers", f"{key}:lease"
+    beat_again = ("EVAL (heartbeat after the renewals)", _BEAT_AFTER_RENEWALS, 1, workers, 1000)
     return [
         ("EVALSHA (worker heartbeat)", lambda: heartbeat(keys=[workers], args=[1000, "probe"])),
+        (beat_again[0], lambda: client.execute_command("EVAL", *beat_again[1:], "probe")),
         ("EVAL (camera lease)", lambda: client.eval(_HOLD, 1, lease, "probe", 1000)),
         ("EVALSHA (lease release)", lambda: release(keys=[lease], args=["probe"])),
         ("ZREM", lambda: client.zrem(workers, "probe")),

@@ -72,10 +72,10 @@ class LeaseKeeper:
         if self._clock() < self._next_tick:
             self._release_finished()
             return
-        self._next_tick = self._clock() + self._leases.tick_s
         try:
             changes = self._leases.tick()
         finally:
+            self._next_tick = self._clock() + self._leases.next_tick_in()
             self._settle()
         if changes:
             log.info(

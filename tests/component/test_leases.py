@@ -5,9 +5,16 @@ its cameras at once."""
 from __future__ import annotations
 
 import time
+from functools import partial
 
-from pipeline.leases.camera_leases import CameraLeases, rendezvous_owner, worker_alive
+from pipeline.leases.camera_leases import (
+    RUN_OUT_MARGIN_S,
+    CameraLeases,
+    rendezvous_owner,
+    worker_alive,
+)
 from streams.keys import StreamKeys
+from streams.redis_cluster import server_time_ms
 
 CAMERAS = [f"cam{i}" for i in range(24)]
 TTL_S = 1.0
@@ -60,6 +67,37 @@ def test_a_dead_workers_cameras_move_within_the_ttl_and_a_tick(redis_client, pre
     # the dead worker, back (a link that came up again), has lost them and stops at once
     changes = a.tick()
     assert set(changes.lost) == orphans and not a.held
+
+
+def test_a_workers_heartbeat_runs_out_after_the_leases_it_renewed(redis_client, prefix):
+    """So a worker that sees it ran out finds them free: taken at that tick, not the next."""
+
+    def slow_plan(live):  # a tick's plan takes a while between the heartbeat and the leases
+        time.sleep(0.05)
+        return partial(rendezvous_owner, workers=live)
+
+    keys = StreamKeys(prefix)
+    a = CameraLeases(redis_client, keys, "a", CAMERAS, ttl_s=TTL_S, owner_of=slow_plan)
+    a.tick()
+    assert a.held == set(CAMERAS)
+    runs_out = redis_client.zscore(keys.workers(), "a")
+    leases_run_out = [redis_client.execute_command("PEXPIRETIME", keys.lease(c)) for c in CAMERAS]
+    assert runs_out >= max(leases_run_out)
+
+
+def test_the_next_tick_comes_when_another_workers_heartbeat_runs_out(redis_client, prefix):
+    clock = FakeClock()
+    (a,) = workers(redis_client, prefix, "a")
+    b = CameraLeases(redis_client, StreamKeys(prefix), "b", CAMERAS, ttl_s=3.0, clock=clock)
+    a.tick()
+    b.tick()
+    assert b.next_tick_in() == b.tick_s  # a runs out in about 3 s: a tick of b comes first
+    # a's heartbeat runs out in 0.6 s (it died a while ago)
+    ran_out = server_time_ms(redis_client) + 600
+    redis_client.zadd(StreamKeys(prefix).workers(), {"a": ran_out})
+    clock.now += b.tick_s
+    b.tick()
+    assert b.next_tick_in() <= 0.6 + RUN_OUT_MARGIN_S  # not a whole tick_s (1 s)
 
 
 def test_a_joining_worker_gets_its_share_only_once_the_owner_hands_over(redis_client, prefix):
