@@ -41,7 +41,7 @@ from streams.decode_worker import (
     StopSignal,
     wait_until_read,
 )
-from streams.fence import LEASE_LOST, LeaseLost
+from streams.fence import LEASE_LOST, WORKER_GONE, LeaseLost, WorkerGone
 from streams.keys import StreamKeys
 from streams.lifeline import die_with_parent, parent_alive, raise_parent_gone_on
 from streams.logs import configure_process_logging
@@ -228,6 +228,9 @@ def _decode(
             job.reconnect_timeout_s,
         )
         return "Redis unreachable"
+    except WorkerGone as exc:  # its worker, if it is still there to read it, ends the session
+        log.warning("%s", exc)
+        return WORKER_GONE
     except LeaseLost as exc:
         log.warning("%s", exc)
         return LEASE_LOST

@@ -91,6 +91,9 @@ return 1
 
 ORPHANED = -2  # :data:`_WRITE`'s answer when the lease ran out and its worker is gone
 
+#: a decoder thread's exit report when its worker was gone (:class:`WorkerGone`): no end
+#: entry, its session still in progress
+WORKER_GONE = "decode worker gone"
 #: a decoder thread's exit report when it was fenced out: no end entry, and none is due from
 #: its supervisor (the worker that took the camera over wrote it)
 LEASE_LOST = "lease lost"
@@ -99,8 +102,14 @@ Fields = Mapping[str, str | int | float | bytes]
 
 
 class LeaseLost(Exception):
-    """The decoder's session was ended by the worker that took its camera over, or its own
-    worker is gone and the lease ran out: it stops, writing nothing more."""
+    """The decoder's session was ended by the worker that took its camera over: it stops,
+    writing nothing more."""
+
+
+class WorkerGone(LeaseLost):
+    """The decoder's worker is gone (or stopping it) and the lease ran out: it stops, writing
+    nothing more; its session is left in progress, for whoever holds the lease next to end
+    (its own worker, should it still be there to read the exit: ``WORKER_GONE``)."""
 
 
 @dataclass(frozen=True)
@@ -114,8 +123,8 @@ class DecodeLease:
     @property
     def taken_back_ms(self) -> int:
         """How long a lease a decoder takes back lasts: a tick of its worker (a third of the
-        TTL), whose tick then renews it whole."""
-        return max(1, self.ttl_ms // 3)
+        TTL, at most 1 s: ``CameraLeases.tick_s``), whose tick then renews it whole."""
+        return max(1, min(self.ttl_ms // 3, 1000))
 
 
 def _pairs(fields: Fields) -> list[str | int | float | bytes]:
@@ -200,8 +209,8 @@ class SessionFence:
             f"{session}; this decoder stops"
         )
 
-    def _orphaned(self, session: object) -> LeaseLost:
-        return LeaseLost(
+    def _orphaned(self, session: object) -> WorkerGone:
+        return WorkerGone(
             f"camera {self._camera!r}: its decode worker is gone and its lease ran out; session "
             f"{session} is left for the worker that takes the camera over to end"
         )

@@ -170,10 +170,9 @@ class ShardedDecoders(Part):
 
     def _due_lease_tick(self) -> None:
         if self._clock() >= self._next_tick:
-            try:
-                self._lease_tick()
-            finally:
-                self._next_tick = self._clock() + self._leases.next_tick_in()
+            self._next_tick = self._clock() + self._leases.tick_s  # should this one fail
+            self._lease_tick()
+            self._next_tick = self._clock() + self._leases.next_tick_in()
 
     def done(self) -> bool:
         """Every registered camera is a file job, decoded (here or by another worker), and no

@@ -65,7 +65,10 @@ return reply
 """
 #: KEYS[1] workers zset; ARGV: ttl ms, worker id.  The heartbeat pushed on again once the
 #: leases are renewed, if the worker is still there: it runs out after them, so a worker that
-#: sees it ran out finds the leases free (and ticks then: ``CameraLeases.next_tick_in``).
+#: sees it ran out finds the leases free (and ticks then: ``CameraLeases.next_tick_in``).  On
+#: one Redis; on a Cluster the renewals on other nodes may land a moment later (each node's
+#: batch of the pipeline apart, their clocks apart): a lease still held then is taken at the
+#: next regular tick, as without it.
 _BEAT_AFTER_RENEWALS = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

@@ -72,11 +72,12 @@ class LeaseKeeper:
         if self._clock() < self._next_tick:
             self._release_finished()
             return
+        self._next_tick = self._clock() + self._leases.tick_s  # should this one fail
         try:
             changes = self._leases.tick()
         finally:
-            self._next_tick = self._clock() + self._leases.next_tick_in()
             self._settle()
+        self._next_tick = self._clock() + self._leases.next_tick_in()
         if changes:
             log.info(
                 "workers %s; this one reads %d camera(s)",

@@ -87,17 +87,38 @@ def test_a_workers_heartbeat_runs_out_after_the_leases_it_renewed(redis_client, 
 
 def test_the_next_tick_comes_when_another_workers_heartbeat_runs_out(redis_client, prefix):
     clock = FakeClock()
-    (a,) = workers(redis_client, prefix, "a")
-    b = CameraLeases(redis_client, StreamKeys(prefix), "b", CAMERAS, ttl_s=3.0, clock=clock)
+    keys = StreamKeys(prefix)
+    a = CameraLeases(redis_client, keys, "a", CAMERAS, ttl_s=3.0)
+    b = CameraLeases(redis_client, keys, "b", CAMERAS, ttl_s=3.0, clock=clock)
     a.tick()
     b.tick()
     assert b.next_tick_in() == b.tick_s  # a runs out in about 3 s: a tick of b comes first
     # a's heartbeat runs out in 0.6 s (it died a while ago)
-    ran_out = server_time_ms(redis_client) + 600
-    redis_client.zadd(StreamKeys(prefix).workers(), {"a": ran_out})
+    redis_client.zadd(keys.workers(), {"a": server_time_ms(redis_client) + 600})
     clock.now += b.tick_s
     b.tick()
     assert b.next_tick_in() <= 0.6 + RUN_OUT_MARGIN_S  # not a whole tick_s (1 s)
+
+
+def test_the_tick_at_a_dead_workers_run_out_takes_its_cameras(redis_client, prefix):
+    """The heartbeat runs out after the leases renewed with it: the tick that finds a worker
+    dead finds its cameras free, even when its tick took a while between the two."""
+
+    def slow_plan(live):
+        time.sleep(0.3)
+        return partial(rendezvous_owner, workers=live)
+
+    keys = StreamKeys(prefix)
+    a = CameraLeases(redis_client, keys, "a", CAMERAS, ttl_s=TTL_S, owner_of=slow_plan)
+    (b,) = workers(redis_client, prefix, "b")
+    settle([a, b])
+    orphans = set(a.held)
+    a.tick()  # its last tick: it dies
+    deadline = time.monotonic() + 10
+    while "a" in (changes := b.tick()).workers:
+        assert time.monotonic() < deadline, "a never ran out"
+        time.sleep(0.02)
+    assert set(changes.gained) == orphans
 
 
 def test_a_joining_worker_gets_its_share_only_once_the_owner_hands_over(redis_client, prefix):

@@ -21,7 +21,7 @@ from streams.decode_process import (
     run_decoder_process,
 )
 from streams.decode_worker import DecoderSpec, ProcessFlag
-from streams.fence import LEASE_LOST, DecodeLease, claim_session
+from streams.fence import WORKER_GONE, DecodeLease, claim_session
 from streams.keys import StreamKeys
 from streams.messages import EndOfStream, message_kind
 from tests.conftest import VIDEOS
@@ -135,7 +135,7 @@ def test_a_decoder_whose_worker_is_gone_leaves_a_lease_that_ran_out_free(
     exited = [m for m in reports_until(ours, exits=1) if m[0] == "exited"]
     frames = [f for _, f in redis_client.xrange(keys.frames("cam")) if message_kind(f) == "frame"]
     if worker_gone:
-        assert exited[0][3] == LEASE_LOST and not frames
+        assert exited[0][3] == WORKER_GONE and not frames  # its worker, if there, ends it
         assert redis_client.get(keys.decode_lease("cam")) is None  # left for the winner
         assert redis_client.hget(keys.progress("cam"), "session") == b"s1"  # it ends it
     else:
