@@ -219,6 +219,9 @@ def _decode(
             worker_alive=worker_alive,
         ).run(stop)
     except redis.RedisError as exc:
+        if not worker_alive():  # not Redis: the process closes its clients as its worker is gone
+            log.warning("camera %r: its decode worker is gone; decoder stopped", spec.camera)
+            return WORKER_GONE
         if not is_outage(exc):
             return _failure(spec.camera, exc)
         # the daemon fails the run for the same reason and says so once

@@ -1,7 +1,7 @@
 """A decode process with several cameras (a real spawned process, real Redis, real H.264
 decode): a camera whose thread fails ends alone, said over the pipe without an end entry, while
 the others in the process decode on and end their sessions; one whose worker is gone takes
-no lease back."""
+no lease back, and says its worker is gone, not Redis away, when its clients are closed."""
 
 from __future__ import annotations
 
@@ -101,21 +101,10 @@ def test_a_failing_camera_ends_alone_and_the_others_in_its_process_go_on(
     assert redis_client.hgetall(keys.progress("bad"))  # what the supervisor ends it from
 
 
-@pytest.mark.parametrize("worker_gone", [False, True])
-def test_a_decoder_whose_worker_is_gone_leaves_a_lease_that_ran_out_free(
-    assets, redis_url, redis_client, prefix, worker_gone
-):
-    """A decode process outlives its SIGKILLed worker by a moment (until the parent-death
-    signal is handled): its decoders never take back a decode lease that ran out, which would
-    hold the camera another TTL with nobody renewing it.  With the worker alive, they do."""
-    keys = StreamKeys(prefix)
-    lease = DecodeLease("w1", 60_000)
-    assert claim_session(redis_client, keys, "cam", lease, "s1", final=True)
-    redis_client.delete(keys.decode_lease("cam"))  # it ran out; nobody took the camera
-    decoder = job("cam", redis_url, prefix, Letterbox(64, 64))
-    decoder = replace(decoder, spec=replace(decoder.spec, lease=lease), session="s1")
+def decode_in_this_thread(decoder: DecoderJob, *, worker_alive: bool) -> list[tuple]:
+    """A camera's thread of a decode process, run here to its exit; its exit report(s)."""
     gone = ProcessFlag()
-    if worker_gone:
+    if not worker_alive:
         gone.set()
     ours, theirs = multiprocessing.Pipe()
     clients = _Clients()
@@ -132,7 +121,23 @@ def test_a_decoder_whose_worker_is_gone_leaves_a_lease_that_ran_out_free(
         )
     finally:
         clients.close()
-    exited = [m for m in reports_until(ours, exits=1) if m[0] == "exited"]
+    return [m for m in reports_until(ours, exits=1) if m[0] == "exited"]
+
+
+@pytest.mark.parametrize("worker_gone", [False, True])
+def test_a_decoder_whose_worker_is_gone_leaves_a_lease_that_ran_out_free(
+    assets, redis_url, redis_client, prefix, worker_gone
+):
+    """A decode process outlives its SIGKILLed worker by a moment (until the parent-death
+    signal is handled): its decoders never take back a decode lease that ran out, which would
+    hold the camera another TTL with nobody renewing it.  With the worker alive, they do."""
+    keys = StreamKeys(prefix)
+    lease = DecodeLease("w1", 60_000)
+    assert claim_session(redis_client, keys, "cam", lease, "s1", final=True)
+    redis_client.delete(keys.decode_lease("cam"))  # it ran out; nobody took the camera
+    decoder = job("cam", redis_url, prefix, Letterbox(64, 64))
+    decoder = replace(decoder, spec=replace(decoder.spec, lease=lease), session="s1")
+    exited = decode_in_this_thread(decoder, worker_alive=not worker_gone)
     frames = [f for _, f in redis_client.xrange(keys.frames("cam")) if message_kind(f) == "frame"]
     if worker_gone:
         assert exited[0][3] == WORKER_GONE and not frames  # its worker, if there, ends it
@@ -141,3 +146,20 @@ def test_a_decoder_whose_worker_is_gone_leaves_a_lease_that_ran_out_free(
     else:
         assert exited[0][3] is None and len(frames) == 20
         assert redis_client.get(keys.decode_lease("cam")) == b"w1"
+
+
+@pytest.mark.parametrize("worker_gone", [False, True])
+def test_a_redis_error_after_its_worker_is_gone_is_said_as_that(
+    assets, prefix, worker_gone, caplog
+):
+    """A decode process whose worker died closes its Redis clients as it leaves: what its
+    decoders meet then is not Redis being away (it said so, at ERROR, for each camera)."""
+    decoder = job("cam", "redis://127.0.0.1:1", prefix, Letterbox(64, 64))  # nothing listens
+    decoder = replace(decoder, reconnect_timeout_s=0.3)
+    exited = decode_in_this_thread(decoder, worker_alive=not worker_gone)
+    if worker_gone:
+        assert exited[0][3] == WORKER_GONE and "its decode worker is gone" in caplog.text
+        assert "Redis unreachable for more than" not in caplog.text
+    else:
+        assert exited[0][3] == "Redis unreachable"
+        assert "Redis unreachable for more than" in caplog.text
