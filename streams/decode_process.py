@@ -18,6 +18,7 @@ camera's thread is done (``error`` None, or why it failed: the session has no en
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import logging
 import os
 import signal
@@ -55,6 +56,9 @@ CONTROL_POLL_S = 0.05
 M_MMAP_THRESHOLD = -3  # glibc's mallopt() parameter
 MMAP_THRESHOLD_BYTES = 128 * 1024  # glibc's initial threshold, kept from rising
 LEAVE_JOIN_S = 2.0  # the daemon is gone: its cameras' threads get this long to end
+#: what makes a decode process write every thread's stack to its stderr (the daemon's log):
+#: sent before one whose decoder does not stop is killed, so the log says where it hung
+STACKS_SIGNAL = signal.SIGUSR1
 
 Message = tuple  # ("start", DecoderJob) | ("stop", camera) | ("end", ...) | ("exited", ...)
 
@@ -285,6 +289,12 @@ def keep_frame_buffers_apart() -> None:
         pass  # not glibc
 
 
+def write_stacks_on_signal() -> None:
+    """``STACKS_SIGNAL`` makes this process write every thread's stack to its stderr, from the
+    signal handler in C (a thread that holds the GIL for ever does not stop it)."""
+    faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)
+
+
 def run_decoder_process(
     settings: ProcessSettings,
     stop: StopSignal,
@@ -297,6 +307,7 @@ def run_decoder_process(
     dies with its parent (SIGKILL of the daemon included), and a SIGTERM, from the kernel or
     the supervisor, unlinks the rings on the way out."""
     configure_process_logging(settings.log_level)  # the daemon's format, time stamps included
+    write_stacks_on_signal()
     keep_frame_buffers_apart()
     # the parent died or is terminating this process: ParentGone says so, and so does this
     # flag, which the main loop (it stops the cameras) and each ring's release look at, should

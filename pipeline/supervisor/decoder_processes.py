@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import queue
 import threading
 import time
@@ -14,10 +15,19 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 
-from streams.decode_process import DecoderJob, Message, ProcessSettings, run_decoder_process
+from streams.decode_process import (
+    STACKS_SIGNAL,
+    DecoderJob,
+    Message,
+    ProcessSettings,
+    run_decoder_process,
+)
 from streams.decode_worker import ProcessFlag
 
 log = logging.getLogger(__name__)
+
+#: how long a hung decode process is given to write its threads' stacks before it is killed
+STACKS_WAIT_S = 0.3
 
 
 class Outbox:
@@ -58,6 +68,7 @@ class DecodeProcess:
     stop: ProcessFlag  # its own: a decoder killed while waiting cannot hang set()
     cameras: dict[str, int] = field(default_factory=dict)  # threads not exited yet: their run
     stopping: bool = False
+    killed: bool = False
     received: list[Message] = field(default_factory=list)  # read from ``control``, not yet asked
 
     @property
@@ -147,6 +158,9 @@ class DecoderProcesses:
                     camera,
                     ", ".join(others) or "none",
                 )
+                if not process.killed:
+                    process.killed = True
+                    _write_stacks(process)
                 process.process.kill()
 
     def stop_and_join(self, timeout_s: float) -> None:
@@ -221,3 +235,14 @@ class DecoderProcesses:
             if message[0] == "exited":
                 process.cameras.pop(message[1], None)
             process.received.append(message)
+
+
+def _write_stacks(process: DecodeProcess) -> None:
+    """A decode process about to be killed writes its threads' stacks to the log first (a
+    decoder that does not stop is a bug or a hung call: the stacks say which)."""
+    log.warning("decode process %d: its threads' stacks follow, then it is killed", process.pid)
+    try:
+        os.kill(process.pid, STACKS_SIGNAL)
+    except OSError:
+        return  # gone already
+    time.sleep(STACKS_WAIT_S)  # the handler runs once the process is scheduled

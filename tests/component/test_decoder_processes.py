@@ -1,15 +1,16 @@
 """Stopping decode processes (real spawned processes and pipes): what a process sends while it
 stops is read while the supervisor waits for it, so one with hundreds of cameras reporting
 their ends is not left blocked on a full pipe and terminated, its cameras' sessions taken for
-crashed."""
+crashed; one whose decoder hangs writes its threads' stacks to the log before it is killed."""
 
 from __future__ import annotations
 
+import signal
 import time
 
 from detectors.preprocess import Letterbox
 from pipeline.supervisor.decoder_processes import DecoderProcesses
-from streams.decode_process import DecoderJob, ProcessSettings
+from streams.decode_process import DecoderJob, ProcessSettings, write_stacks_on_signal
 from streams.decode_worker import DecoderSpec
 
 CAMERAS = 250
@@ -63,3 +64,42 @@ def test_a_process_stopping_hundreds_of_cameras_exits_without_being_terminated()
     assert process.process.exitcode == 0  # not terminated (-15)
     assert running == []  # every camera said it exited: none is ended as crashed
     assert sum(m[0] == "end" for m in last) == CAMERAS
+
+
+def simulated_hung_process(settings, stop, released, control) -> None:
+    """Takes the cameras it is sent, then hangs in a call of its own, as a decoder thread
+    stuck in a read would: it never stops."""
+    write_stacks_on_signal()
+    while not control.poll(0.01):
+        pass
+    control.recv()
+    control.send(("started", "hung", 1))
+    a_call_that_never_returns()
+
+
+def a_call_that_never_returns() -> None:
+    while True:
+        time.sleep(0.01)
+
+
+def test_a_decode_process_that_does_not_stop_writes_its_stacks_then_is_killed(capfd):
+    processes = DecoderProcesses(ProcessSettings(), None, 4, target=simulated_hung_process)
+    processes.start(job("hung"))
+    deadline = time.monotonic() + 60
+    while not any(m[0] == "started" for m in processes.messages()):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    processes.kill_process_of("hung")
+    [(process, _last, running)] = wait_for_dead(processes)
+    assert process.process.exitcode == -signal.SIGKILL
+    assert running == [("hung", 1)]
+    stacks = capfd.readouterr().err
+    assert "a_call_that_never_returns" in stacks  # where it hung, in the log
+
+
+def wait_for_dead(processes: DecoderProcesses) -> list:
+    deadline = time.monotonic() + 30
+    while not (dead := list(processes.dead())):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return dead
