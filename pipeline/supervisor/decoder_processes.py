@@ -27,7 +27,8 @@ from streams.decode_worker import ProcessFlag
 log = logging.getLogger(__name__)
 
 #: how long a hung decode process is given to write its threads' stacks before it is killed
-STACKS_WAIT_S = 0.3
+#: (they were cut short at 0.3 s on a starved host with a hundred threads)
+STACKS_WAIT_S = 1.0
 
 
 class Outbox:
@@ -68,7 +69,7 @@ class DecodeProcess:
     stop: ProcessFlag  # its own: a decoder killed while waiting cannot hang set()
     cameras: dict[str, int] = field(default_factory=dict)  # threads not exited yet: their run
     stopping: bool = False
-    killed: bool = False
+    stacks_asked_at: float | None = None  # a decoder would not stop: the process is killed
     received: list[Message] = field(default_factory=list)  # read from ``control``, not yet asked
 
     @property
@@ -148,20 +149,28 @@ class DecoderProcesses:
             process.control.close()
             yield process, last, sorted(process.cameras.items())
 
-    def kill_process_of(self, camera: str) -> None:
+    def kill_process_of(self, camera: str, now: float) -> bool:
+        """Kills the process of a camera whose decoder does not stop: the first call asks it
+        for its threads' stacks (written to the log, to say where it hangs) and returns False;
+        a call ``STACKS_WAIT_S`` later kills it and returns True."""
         for process in self._processes:
-            if camera in process.cameras:
-                others = sorted(set(process.cameras) - {camera})
-                log.warning(
-                    "camera %s: decoder did not stop, its process killed (its other cameras "
-                    "end with it, and live ones restart: %s)",
-                    camera,
-                    ", ".join(others) or "none",
-                )
-                if not process.killed:
-                    process.killed = True
-                    _write_stacks(process)
-                process.process.kill()
+            if camera not in process.cameras:
+                continue
+            if process.stacks_asked_at is None:
+                process.stacks_asked_at = now
+                _ask_for_stacks(process, camera)
+                return False
+            if now - process.stacks_asked_at < STACKS_WAIT_S:
+                return False
+            others = sorted(set(process.cameras) - {camera})
+            log.warning(
+                "camera %s: decoder did not stop, its process killed (its other cameras "
+                "end with it, and live ones restart: %s)",
+                camera,
+                ", ".join(others) or "none",
+            )
+            process.process.kill()
+        return True
 
     def stop_and_join(self, timeout_s: float) -> None:
         """Every process stopped and joined (stop → join → terminate → kill: none is left
@@ -237,12 +246,14 @@ class DecoderProcesses:
             process.received.append(message)
 
 
-def _write_stacks(process: DecodeProcess) -> None:
-    """A decode process about to be killed writes its threads' stacks to the log first (a
-    decoder that does not stop is a bug or a hung call: the stacks say which)."""
-    log.warning("decode process %d: its threads' stacks follow, then it is killed", process.pid)
+def _ask_for_stacks(process: DecodeProcess, camera: str) -> None:
+    log.warning(
+        "camera %s: decoder did not stop; its process (pid %d) writes its threads' stacks "
+        "to the log, then is killed",
+        camera,
+        process.pid,
+    )
     try:
         os.kill(process.pid, STACKS_SIGNAL)
     except OSError:
-        return  # gone already
-    time.sleep(STACKS_WAIT_S)  # the handler runs once the process is scheduled
+        pass  # gone already: found dead on the next tick

@@ -398,8 +398,9 @@ class DecoderSupervisor(Part):
             if decoder.restarts and now - decoder.started_at >= HEALTHY_AFTER_S:
                 decoder.restarts = 0  # a crash after a healthy spell starts at 1 s again
             if decoder.kill_at is not None and now >= decoder.kill_at and not decoder.ended:
-                self._processes.kill_process_of(camera)  # its sessions end once found dead
-                decoder.kill_at = None
+                # its sessions end once found dead
+                if self._processes.kill_process_of(camera, now):
+                    decoder.kill_at = None
             return
         if decoder.restart_at is not None and now >= decoder.restart_at and not self._stopping:
             # (a decoder abandoned or removed has no restart due)

@@ -9,7 +9,7 @@ import signal
 import time
 
 from detectors.preprocess import Letterbox
-from pipeline.supervisor.decoder_processes import DecoderProcesses
+from pipeline.supervisor.decoder_processes import STACKS_WAIT_S, DecoderProcesses
 from streams.decode_process import DecoderJob, ProcessSettings, write_stacks_on_signal
 from streams.decode_worker import DecoderSpec
 
@@ -89,12 +89,19 @@ def test_a_decode_process_that_does_not_stop_writes_its_stacks_then_is_killed(ca
     while not any(m[0] == "started" for m in processes.messages()):
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    processes.kill_process_of("hung")
+    asked = time.monotonic()
+    assert not processes.kill_process_of("hung", asked)  # its stacks first
+    stacks = ""
+    deadline = time.monotonic() + 30
+    while "a_call_that_never_returns" not in stacks:  # where it hung, in the log
+        assert time.monotonic() < deadline, stacks
+        time.sleep(0.05)
+        stacks += capfd.readouterr().err
+    assert not processes.kill_process_of("hung", asked + STACKS_WAIT_S / 2)
+    assert processes.kill_process_of("hung", asked + STACKS_WAIT_S)
     [(process, _last, running)] = wait_for_dead(processes)
     assert process.process.exitcode == -signal.SIGKILL
     assert running == [("hung", 1)]
-    stacks = capfd.readouterr().err
-    assert "a_call_that_never_returns" in stacks  # where it hung, in the log
 
 
 def wait_for_dead(processes: DecoderProcesses) -> list:
