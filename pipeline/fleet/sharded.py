@@ -305,6 +305,7 @@ class ShardedDecoders(Part):
             if camera not in mine:  # another worker's now: fenced out already
                 log.warning("camera %s: no longer this worker's; its decoder stops", camera)
                 self._decoders.abandon(camera)
+        handed_over = []
         for camera in sorted(self._leases.handing_over):
             if self._is_file(camera) and camera not in self._done:
                 self._run(camera)  # a file job is finished where it started
@@ -312,8 +313,10 @@ class ShardedDecoders(Part):
                 log.info("camera %s: another decode worker takes it; handing it over", camera)
                 self._decoders.remove(camera)  # writes its end; the lease goes once it exited
             elif not self._decoders.known(camera) or not self._decoders.running(camera):
-                self._leases.release(camera)
-                log.info("camera %s: handed over", camera)
+                handed_over.append(camera)
+        self._leases.release_all(handed_over)
+        for camera in handed_over:
+            log.info("camera %s: handed over", camera)
         for camera in sorted(self._leases.held & self._removing):
             self._stop_removed(camera)
         self._start(sorted(self._leases.held - self._removing))

@@ -197,12 +197,17 @@ class LeaseKeeper:
         return entries
 
     def _release_finished(self) -> None:
-        for camera, pause in list(self._handing_over.items()):
-            if pause.applied.is_set() and self._accounting.outstanding(camera) == 0:
-                self._changes.forget(camera)
-                self._leases.release(camera)
-                del self._handing_over[camera]
-                log.info("camera %s: handed over", camera)
+        finished = [
+            camera
+            for camera, pause in self._handing_over.items()
+            if pause.applied.is_set() and self._accounting.outstanding(camera) == 0
+        ]
+        for camera in finished:
+            self._changes.forget(camera)
+        self._leases.release_all(finished)  # an error: let go again at the next tick
+        for camera in finished:
+            del self._handing_over[camera]
+            log.info("camera %s: handed over", camera)
 
     def holds(self, camera: str) -> bool:
         return camera in self._leases.held

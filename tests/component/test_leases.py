@@ -137,6 +137,22 @@ def test_a_joining_worker_gets_its_share_only_once_the_owner_hands_over(redis_cl
     assert a.held == set(CAMERAS) - share and not a.handing_over
 
 
+def test_letting_go_of_many_leases_at_once_frees_only_this_workers(redis_client, prefix):
+    """``release_all``: one pipeline for every camera handed over; a lease another worker
+    holds by then (this one's ran out, and it was taken) is left alone."""
+    a, b = workers(redis_client, prefix, "a", "b")
+    settle([a, b])
+    mine = sorted(a.held)
+    taken = mine[0]
+    redis_client.set(StreamKeys(prefix).lease(taken), "b")  # a's ran out, and b took it
+    a.release_all(mine)
+    owners = owners_in_redis(redis_client, prefix)
+    assert owners[taken] == "b"
+    assert all(owners[c] == "" for c in mine[1:])
+    assert not a.held and not a.handing_over
+    assert set(a.tick().gained) == set(mine[1:])  # free: taken again by their owner
+
+
 def test_workers_that_join_before_they_take_never_hand_over(redis_client, prefix):
     """Workers started together (a decode fleet): taking at the first tick, the first one
     takes every camera and hands most over again; joining first, each takes its share."""
