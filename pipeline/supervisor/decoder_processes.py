@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 #: how long a hung decode process is given to write its threads' stacks before it is killed
 #: (they were cut short at 0.3 s on a starved host with a hundred threads)
 STACKS_WAIT_S = 1.0
+STACKS_STALE_S = 10 * STACKS_WAIT_S
 
 
 class Outbox:
@@ -156,7 +157,9 @@ class DecoderProcesses:
         for process in self._processes:
             if camera not in process.cameras:
                 continue
-            if process.stacks_asked_at is None:
+            asked = process.stacks_asked_at
+            # asked long ago, for a hang its decoders came out of: this hang's stacks first
+            if asked is None or now - asked > STACKS_STALE_S:
                 process.stacks_asked_at = now
                 _ask_for_stacks(process, camera)
                 return False

@@ -9,7 +9,11 @@ import signal
 import time
 
 from detectors.preprocess import Letterbox
-from pipeline.supervisor.decoder_processes import STACKS_WAIT_S, DecoderProcesses
+from pipeline.supervisor.decoder_processes import (
+    STACKS_STALE_S,
+    STACKS_WAIT_S,
+    DecoderProcesses,
+)
 from streams.decode_process import DecoderJob, ProcessSettings, write_stacks_on_signal
 from streams.decode_worker import DecoderSpec
 
@@ -98,6 +102,10 @@ def test_a_decode_process_that_does_not_stop_writes_its_stacks_then_is_killed(ca
         time.sleep(0.05)
         stacks += capfd.readouterr().err
     assert not processes.kill_process_of("hung", asked + STACKS_WAIT_S / 2)
+    later = asked + STACKS_STALE_S * 2  # a hang long after a first one: its own stacks
+    assert not processes.kill_process_of("hung", later)
+    assert not processes.kill_process_of("hung", later + STACKS_WAIT_S / 2)
+    asked = later
     assert processes.kill_process_of("hung", asked + STACKS_WAIT_S)
     [(process, _last, running)] = wait_for_dead(processes)
     assert process.process.exitcode == -signal.SIGKILL
