@@ -42,7 +42,13 @@ from streams.decode_worker import (
     StopSignal,
     wait_until_read,
 )
-from streams.fence import LEASE_LOST, WORKER_GONE, LeaseLost, WorkerGone
+from streams.fence import (
+    LEASE_LOST,
+    WORKER_GONE,
+    LeaseLost,
+    WorkerGone,
+    leave_for_dead_worker,
+)
 from streams.keys import StreamKeys
 from streams.lifeline import die_with_parent, parent_alive, raise_parent_gone_on
 from streams.logs import configure_process_logging
@@ -305,7 +311,8 @@ def run_decoder_process(
     every camera ends its session and the process exits once they all have).  The parent
     coordinates shutdown, so SIGINT is ignored here; with ``settings.parent_pid`` the process
     dies with its parent (SIGKILL of the daemon included), and a SIGTERM, from the kernel or
-    the supervisor, unlinks the rings on the way out."""
+    the supervisor, unlinks the rings on the way out; its parent dead, it lets go of the
+    leases of the cameras it decoded (:func:`_leave_for_dead_worker`)."""
     configure_process_logging(settings.log_level)  # the daemon's format, time stamps included
     write_stacks_on_signal()
     keep_frame_buffers_apart()
@@ -319,16 +326,21 @@ def run_decoder_process(
     # one thread per decoder: the cameras run side by side already, and OpenCV's own pool
     # made the letterbox's resize cost 2.0 instead of 1.1 ms of CPU a frame (docs/benchmarks.md)
     cv2.setNumThreads(0)
+    # the pipe's end closed before the parent-death signal came: the cleanup has begun, and
+    # the signal, handled at any bytecode of it, must not cut it short (the last will with it)
+    leaving = ProcessFlag()
     if settings.parent_pid is not None:
         raise_parent_gone_on(
             signal.SIGTERM,
             parent_pid=settings.parent_pid,
             stopping=stop.is_set,
             on_gone=leave_when_gone(gone, rings),
+            leaving=leaving.is_set,
         )
         die_with_parent(settings.parent_pid, signal.SIGTERM)
     reports, clients = _Reports(control), _Clients()
     cameras: dict[str, tuple[threading.Thread, threading.Event]] = {}
+    jobs: dict[str, DecoderJob] = {}  # each camera's latest
 
     def worker_alive() -> bool:
         """Whether the daemon lives, not only once the parent-death signal was handled (a
@@ -358,14 +370,54 @@ def run_decoder_process(
                     daemon=True,
                 )
                 cameras[argument.spec.camera] = (thread, own_stop)
+                jobs[argument.spec.camera] = argument
                 thread.start()
             elif kind == "stop" and argument in cameras:
                 cameras[argument][1].set()
     except (EOFError, OSError):
+        leaving.set()
         gone.set()  # the supervisor's end of the pipe closed: it is gone
     finally:  # the daemon gone (ParentGone, or the flag): their sessions end, if Redis is there
         _stop_and_join(cameras, None if not gone.is_set() else LEAVE_JOIN_S)
+        if settings.parent_pid is not None and not parent_alive(settings.parent_pid):
+            _leave_for_dead_worker(
+                [jobs[camera] for camera, (thread, _) in cameras.items() if not thread.is_alive()],
+                clients,
+            )
         clients.close()
+
+
+def _leave_for_dead_worker(ended: list[DecoderJob], clients: _Clients) -> None:
+    """The daemon died (not stopped: it would have let go itself) and these cameras' decoders
+    have stopped: their decode worker's last will (``streams.fence.leave_for_dead_worker``).
+    A camera whose decoder is still running keeps its lease until the TTL: the fence keeps
+    whoever takes it next from meeting its writes."""
+    by_worker: dict[tuple[str, bool, str, str], list[DecoderJob]] = {}
+    for job in ended:
+        if job.spec.lease is not None:
+            key = (job.redis_url, job.cluster, job.prefix, job.spec.lease.worker)
+            by_worker.setdefault(key, []).append(job)
+    for (_url, _cluster, prefix, worker), worker_jobs in by_worker.items():
+        cameras = sorted(job.spec.camera for job in worker_jobs)
+        try:
+            _client, fail_fast = clients.pair(worker_jobs[0])
+            released = leave_for_dead_worker(fail_fast, StreamKeys(prefix), worker, cameras)
+        except redis.RedisError as exc:
+            log.warning(
+                "decode worker %s is gone; its %d camera(s) here wait out their leases' TTL "
+                "(not let go: %s)",
+                worker,
+                len(cameras),
+                exc,
+            )
+            continue
+        log.warning(
+            "decode worker %s is gone: %d lease(s) of the %d camera(s) it decoded here let go "
+            "and its heartbeat dropped, for the other decode workers to take at their next tick",
+            worker,
+            released,
+            len(cameras),
+        )
 
 
 def _stop_and_join(

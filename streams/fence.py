@@ -89,6 +89,13 @@ if ARGV[4] == '1' then redis.call('SET', KEYS[4], ARGV[3]) end
 return 1
 """
 
+#: KEYS[1] lease; ARGV: worker id.  Lets go of one's own lease only (a worker's hand-over and
+#: leave, ``pipeline.leases.camera_leases``; a dead decode worker's :func:`leave_for_dead_worker`).
+RELEASE_LEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
 ORPHANED = -2  # :data:`_WRITE`'s answer when the lease ran out and its worker is gone
 
 #: a decoder thread's exit report when its worker was gone (:class:`WorkerGone`): no end
@@ -364,6 +371,29 @@ def end_sessions_in_progress(
         if end is not None:
             ended[camera] = end
     return ended
+
+
+def leave_for_dead_worker(
+    client: redis.Redis, keys: StreamKeys, worker: str, cameras: list[str]
+) -> int:
+    """A decode worker's last will, left by its decode processes once it died (SIGKILLed, a
+    crash, the OOM killer) and their decoders stopped: the leases of ``cameras`` still held in
+    its name let go and its heartbeat dropped, so the worker that wins each camera takes it at
+    its next tick instead of waiting out the TTL.  Each of its processes leaves it for its own
+    cameras (one pipeline); the rest run out as before.  Not for a host lost whole or cut
+    off: no process is left there to say so.
+
+    A worker restarted under the same id while its old processes still leave (a second or
+    two after the kill) may see a lease of its own let go once: its next tick, or its
+    decoder's next write, takes it back (a decoder's writes are fenced: nothing is written
+    twice).  The number of leases let go."""
+    pipe = client.pipeline(transaction=False)
+    for camera in cameras:
+        # EVAL, not EVALSHA: redis-py's cluster pipelines refuse EVALSHA
+        pipe.execute_command("EVAL", RELEASE_LEASE, 1, keys.decode_lease(camera), worker)
+    pipe.zrem(keys.decode_workers(), worker)
+    *released, _dropped = pipe.execute()
+    return sum(int(answer) for answer in released)
 
 
 def file_decoded(client: redis.Redis, keys: StreamKeys, camera: str) -> bool:

@@ -79,6 +79,7 @@ def raise_parent_gone_on(
     parent_pid: int,
     stopping: Callable[[], bool],
     on_gone: Callable[[], None] = lambda: None,
+    leaving: Callable[[], bool] = lambda: False,
 ) -> None:
     """In a child: turn ``signum`` into :class:`ParentGone`, so cleanup runs, when it means
     the end: the parent died (the parent-death signal), or the parent is stopping us
@@ -96,14 +97,15 @@ def raise_parent_gone_on(
     :class:`ParentGone` is raised once: a parent that exits sends the parent-death signal
     again each time the child is handed to another of its threads as they exit one by one
     (``getppid()`` still names it), and a second exception would cut short, anywhere, the
-    cleanup the first one started."""
+    cleanup the first one started.  Nor is it raised once ``leaving()``: the child learnt
+    some other way (its pipe to the parent closed) and its cleanup has begun."""
     raised = False
 
     def handle(received: int, _frame: object) -> None:
         nonlocal raised
         if os.getppid() != parent_pid or stopping():
             on_gone()
-            if not raised:
+            if not raised and not leaving():
                 raised = True  # before the raise: a signal that interrupts it raises nothing
                 raise ParentGone(128 + received)
 

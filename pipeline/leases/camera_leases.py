@@ -31,6 +31,7 @@ import redis
 
 from pipeline.errors import BadInput
 from pipeline.ledger.acks import FENCED_POSITION
+from streams.fence import RELEASE_LEASE
 from streams.keys import StreamKeys
 from streams.redis_cluster import server_time_ms
 
@@ -85,11 +86,6 @@ if owner == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
-return 0
-"""
-#: KEYS[1] lease; ARGV: worker id.  Lets go of one's own lease only.
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
 
@@ -375,7 +371,7 @@ class CameraLeases:
             self.held.discard(camera)
             # EVAL, not EVALSHA: redis-py's cluster pipelines refuse EVALSHA
             pipe.execute_command(
-                "EVAL", _RELEASE, 1, self.role.lease(self.keys, camera), self.worker_id
+                "EVAL", RELEASE_LEASE, 1, self.role.lease(self.keys, camera), self.worker_id
             )
         for answer in pipe.execute(raise_on_error=False):
             if isinstance(answer, Exception):
@@ -439,7 +435,7 @@ def lease_probes(client: redis.Redis, key: str) -> list[tuple[str, Callable[[], 
 def worker_lease_probes(client: redis.Redis, key: str) -> list[tuple[str, Callable[[], object]]]:
     """The probes of what the leases of either role run (:func:`lease_probes`)."""
     heartbeat = client.register_script(_HEARTBEAT)
-    release = client.register_script(_RELEASE)
+    release = client.register_script(RELEASE_LEASE)
     workers, lease = f"{key}:workers", f"{key}:lease"
     beat_again = ("EVAL (heartbeat after the renewals)", _BEAT_AFTER_RENEWALS, 1, workers, 1000)
     return [

@@ -22,6 +22,7 @@ from streams.fence import (
     end_session_in_progress,
     end_sessions_in_progress,
     file_decoded,
+    leave_for_dead_worker,
 )
 from streams.keys import StreamKeys
 from streams.messages import EndOfStream, message_kind, session_progress
@@ -155,6 +156,26 @@ def test_a_decoder_whose_worker_died_ends_its_session_while_the_lease_is_in_forc
     fence.frame(redis_client, *frame("s1", 0), maxlen=None)
     fence.end(redis_client, EndOfStream("cam", 1, "stopped", session="s1"))
     assert entries(redis_client, keys, "cam") == [("frame", "s1"), ("end", "s1")]
+
+
+def test_a_dead_workers_last_will_frees_its_own_leases_for_the_next_tick_not_the_ttl(
+    redis_client, keys
+):
+    """Its decode processes let go of the leases of the cameras they decoded and drop its
+    heartbeat: the worker that wins them takes them at its next tick, with a TTL of minutes
+    left; another worker's lease, and a camera of the dead one decoded elsewhere, are kept."""
+    a = CameraLeases(redis_client, keys, "a", ["c1", "c2"], ttl_s=300, role=DECODERS)
+    b = CameraLeases(redis_client, keys, "b", ["c3"], ttl_s=300, role=DECODERS)
+    assert set(a.tick().gained) == {"c1", "c2"} and b.tick().gained == ("c3",)
+    released = leave_for_dead_worker(redis_client, keys, "a", ["c1", "c3"])
+    assert released == 1
+    assert redis_client.get(keys.decode_lease("c1")) is None
+    assert redis_client.get(keys.decode_lease("c2")) == b"a"  # not decoded there: its TTL
+    assert redis_client.get(keys.decode_lease("c3")) == b"b"
+    assert redis_client.zrange(keys.decode_workers(), 0, -1) == [b"b"]
+    b.add_camera("c1")
+    b.add_camera("c2")
+    assert b.tick().gained == ("c1",)
 
 
 def test_a_new_session_is_claimed_only_where_none_is_in_progress(redis_client, keys):

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 import urllib.request
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 
 import pytest
 import redis
@@ -61,6 +62,26 @@ def sessions_detected(client: redis.Redis, keys: StreamKeys, camera: str) -> set
     }
 
 
+def start_sharing(config, client: redis.Redis, keys: StreamKeys, processes: dict) -> None:
+    """Both decode workers started together: once each decodes its share, every camera
+    detected."""
+    for worker in DECODERS:
+        processes[worker] = start_decoder(config, worker)
+    wait_for(lambda: decode_owners(client, keys) == SHARES, 60, "the cameras shared")
+    wait_for(lambda: all(sessions_detected(client, keys, c) for c in CAMERAS), 120, "detected")
+
+
+def wait_for_new_sessions(
+    client: redis.Redis, keys: StreamKeys, before: dict[str, set[str]]
+) -> None:
+    """Until each camera of ``before`` has a session detected that it did not have then."""
+    wait_for(
+        lambda: all(sessions_detected(client, keys, c) - seen for c, seen in before.items()),
+        60,
+        "a new session of each lost camera detected",
+    )
+
+
 def stop_in_order(client: redis.Redis, keys: StreamKeys, processes: dict, decoders: list) -> None:
     """The decode workers stopped (each writes its sessions' ends), then the detector worker
     once it read every stream to its end: each exits 0."""
@@ -77,7 +98,7 @@ def stop_the_rest(processes: dict) -> None:
             stop_daemon(process)
 
 
-def live_config(path, url: str):
+def live_config(path, url: str, lease_ttl_s: float = LEASE_TTL_S):
     """The four cameras as looped clips paced at 5 frames/s, standing for live cameras (they
     restart, shed, are handed over); 20 frames/s in all, within what the model keeps up with
     here."""
@@ -89,7 +110,7 @@ def live_config(path, url: str):
         ],
         redis_url=url,
         prefix=PREFIX,
-        redis={"url": url, "prefix": PREFIX, "lease_ttl_s": LEASE_TTL_S},
+        redis={"url": url, "prefix": PREFIX, "lease_ttl_s": lease_ttl_s},
         max_batch_size=4,
     )
 
@@ -150,11 +171,7 @@ def test_decode_workers_share_the_cameras_and_a_lost_ones_reopen_elsewhere(asset
                 poll_s=0.02,
             )
             reopened_after = time.monotonic() - killed_at
-            wait_for(
-                lambda: all(sessions_detected(client, keys, c) - before_kill[c] for c in lost),
-                60,
-                "a new session of each lost camera detected",
-            )
+            wait_for_new_sessions(client, keys, before_kill)
             # every session ended (the killed ones from their progress): read to the end
             stop_in_order(client, keys, processes, [second])
         finally:
@@ -172,6 +189,54 @@ def test_decode_workers_share_the_cameras_and_a_lost_ones_reopen_elsewhere(asset
         assert not client.zrange(keys.decode_workers(), 0, -1)  # the one stopped left
 
 
+def test_a_decode_worker_killed_alone_lets_its_cameras_go_before_their_leases_run_out(
+    assets, tmp_path
+):
+    """The daemon alone SIGKILLed (a crash, the OOM killer), its decode processes outliving it a
+    moment: they stop its decoders (each session ends with its end entry, its lease still in
+    force), let go of its leases and drop its heartbeat, so the other worker takes its cameras
+    at its next tick, not once their minute-long leases run out; every frame is detected or
+    dropped with a cause."""
+    keys = StreamKeys(PREFIX)
+    with EmbeddedRedis() as server, redis.Redis.from_url(server.url) as client:
+        config = live_config(tmp_path / "will.yaml", server.url, lease_ttl_s=60.0)
+        processes = {"detect": start_daemon(config, "--http", "off", command="detect")}
+        victim, survivor = DECODERS
+        try:
+            start_sharing(config, client, keys, processes)
+            lost = sorted(c for c, w in SHARES.items() if w == victim)
+            before_kill = {c: sessions_detected(client, keys, c) for c in lost}
+            os.kill(processes[victim].pid, signal.SIGKILL)  # the worker, not its group
+            try:
+                wait_for(
+                    lambda: all(decode_owners(client, keys)[c] == survivor for c in lost),
+                    30,  # half the TTL: only the last will frees them in time
+                    "the killed worker's cameras reopened before their leases ran out",
+                )
+            except AssertionError as timed_out:  # what its decode processes said, if anything
+                os.killpg(processes[victim].pid, signal.SIGKILL)
+                log = processes[victim].communicate(timeout=30)[1]
+                raise AssertionError(f"{timed_out}; its log:\n{log[-5000:]}") from None
+            _out, err = processes[victim].communicate(timeout=30)  # its decode processes left
+            wait_for_new_sessions(client, keys, before_kill)
+            stop_in_order(client, keys, processes, [survivor])
+        finally:
+            with suppress(ProcessLookupError):
+                os.killpg(processes[victim].pid, signal.SIGKILL)
+            stop_the_rest(processes)
+        assert re.search(rf"decode worker {victim} is gone: [12] lease\(s\)", err), err[-3000:]
+        for report in audit(client, keys, CAMERAS):
+            assert report.ok, report.line()
+        said = [
+            (fields[b"camera"].decode(), fields[b"event"].decode())
+            for _id, fields in client.xrange(keys.events())
+            if fields.get(b"camera", b"").decode() in lost
+        ]
+        # its decoders ended their sessions themselves, while the leases were still theirs
+        assert not [event for event in said if event[1] == "crashed"], said
+        assert all((camera, "ended") in said for camera in lost), said
+
+
 def test_a_decode_worker_paused_past_its_lease_writes_nothing_after_its_sessions_ended(
     assets, tmp_path
 ):
@@ -185,12 +250,7 @@ def test_a_decode_worker_paused_past_its_lease_writes_nothing_after_its_sessions
         config = live_config(tmp_path / "paused.yaml", server.url)
         processes = {"detect": start_daemon(config, "--http", "off", command="detect")}
         try:
-            for worker in DECODERS:
-                processes[worker] = start_decoder(config, worker)
-            wait_for(lambda: decode_owners(client, keys) == SHARES, 60, "the cameras shared")
-            wait_for(
-                lambda: all(sessions_detected(client, keys, c) for c in CAMERAS), 120, "detected"
-            )
+            start_sharing(config, client, keys, processes)
             paused, other = DECODERS
             theirs = sorted(c for c, w in SHARES.items() if w == paused)
             os.killpg(processes[paused].pid, signal.SIGSTOP)

@@ -62,6 +62,23 @@ def test_a_parent_gone_exception_unwinds_where_it_can(restore_sigusr1):
     assert gone.is_set()
 
 
+def test_a_child_already_leaving_is_not_cut_short_by_the_parent_death_signal(restore_sigusr1):
+    """Its pipe to the parent closed first: the cleanup (a decode worker's last will among
+    it) has begun, and the parent-death signal handled inside it only sets the flag: a
+    ParentGone raised there cut the cleanup short, the dead worker's leases never let go."""
+    gone, leaving = ProcessFlag(), ProcessFlag()
+    raise_parent_gone_on(
+        signal.SIGUSR1,
+        parent_pid=os.getppid(),
+        stopping=lambda: True,
+        on_gone=gone.set,
+        leaving=leaving.is_set,
+    )
+    leaving.set()
+    signalled()  # raises nothing
+    assert gone.is_set()
+
+
 def test_a_signal_meant_for_the_whole_group_is_ignored(restore_sigusr1):
     gone = ProcessFlag()  # lock-free, as the decoder's
     raise_parent_gone_on(
