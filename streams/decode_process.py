@@ -62,6 +62,7 @@ CONTROL_POLL_S = 0.05
 M_MMAP_THRESHOLD = -3  # glibc's mallopt() parameter
 MMAP_THRESHOLD_BYTES = 128 * 1024  # glibc's initial threshold, kept from rising
 LEAVE_JOIN_S = 2.0  # the daemon is gone: its cameras' threads get this long to end
+ORPHAN_WAIT_S = 1.0  # the pipe closed: how long its parent may take to be seen gone
 #: what makes a decode process write every thread's stack to its stderr (the daemon's log):
 #: sent before one whose decoder does not stop is killed, so the log says where it hung
 STACKS_SIGNAL = signal.SIGUSR1
@@ -378,22 +379,35 @@ def run_decoder_process(
         leaving.set()
         gone.set()  # the supervisor's end of the pipe closed: it is gone
     finally:  # the daemon gone (ParentGone, or the flag): their sessions end, if Redis is there
+        if _orphaned(settings.parent_pid, told_by_pipe=leaving.is_set()):
+            for _thread, own_stop in cameras.values():
+                own_stop.set()
+            _leave_for_dead_worker(list(jobs.values()), clients)
         _stop_and_join(cameras, None if not gone.is_set() else LEAVE_JOIN_S)
-        if settings.parent_pid is not None and not parent_alive(settings.parent_pid):
-            _leave_for_dead_worker(
-                [jobs[camera] for camera, (thread, _) in cameras.items() if not thread.is_alive()],
-                clients,
-            )
         clients.close()
 
 
-def _leave_for_dead_worker(ended: list[DecoderJob], clients: _Clients) -> None:
-    """The daemon died (not stopped: it would have let go itself) and these cameras' decoders
-    have stopped: their decode worker's last will (``streams.fence.leave_for_dead_worker``).
-    A camera whose decoder is still running keeps its lease until the TTL: the fence keeps
-    whoever takes it next from meeting its writes."""
+def _orphaned(parent_pid: int | None, *, told_by_pipe: bool) -> bool:
+    """Whether the daemon died.  Its end of the pipe closes as it exits, a moment before the
+    kernel hands its children to another parent: told by the pipe, this waits for that (or
+    for ``ORPHAN_WAIT_S``, should the parent live on)."""
+    if parent_pid is None:
+        return False
+    deadline = time.monotonic() + (ORPHAN_WAIT_S if told_by_pipe else 0.0)
+    while parent_alive(parent_pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return not parent_alive(parent_pid)
+
+
+def _leave_for_dead_worker(jobs: list[DecoderJob], clients: _Clients) -> None:
+    """The daemon died (not stopped: it would have let go itself) and the decoders of these
+    cameras are told to stop: their decode worker's last will
+    (``streams.fence.leave_for_dead_worker``), at once, not once they stopped (a hundred
+    decoders on a starved host took longer than the TTL to).  A decoder that writes after
+    its lease went is fenced out (its worker is gone: it takes no free lease back), and whoever
+    takes its camera ends its session from the progress it kept."""
     by_worker: dict[tuple[str, bool, str, str], list[DecoderJob]] = {}
-    for job in ended:
+    for job in jobs:
         if job.spec.lease is not None:
             key = (job.redis_url, job.cluster, job.prefix, job.spec.lease.worker)
             by_worker.setdefault(key, []).append(job)
