@@ -377,7 +377,7 @@ def leave_for_dead_worker(
     client: redis.Redis, keys: StreamKeys, worker: str, cameras: list[str]
 ) -> int:
     """A decode worker's last will, left by its decode processes once it died (SIGKILLed, a
-    crash, the OOM killer) and their decoders stopped: the leases of ``cameras`` still held in
+    crash, the OOM killer), as their decoders are told to stop: the leases of ``cameras`` held in
     its name let go and its heartbeat dropped, so the worker that wins each camera takes it at
     its next tick instead of waiting out the TTL.  Each of its processes leaves it for its own
     cameras (one pipeline); the rest run out as before.  Not for a host lost whole or cut
