@@ -13,8 +13,8 @@ import supervision as sv
 from pipeline.analytics.filters import ObjectFilter, class_ids
 from pipeline.analytics.geometry import FrameGeometry, RegionOutsideFrame, anchors
 from pipeline.analytics.lines import LineCounter, LineState
-from pipeline.analytics.state import CameraState
-from pipeline.analytics.tracking import CameraTracker, TrackInfo
+from pipeline.analytics.state import CameraState, TrackInfo
+from pipeline.analytics.tracking import CameraTracker
 from pipeline.analytics.zones import ZoneCounter, ZoneState
 from pipeline.config.analytics import AnalyticsConfig
 from pipeline.errors import BadInput
@@ -89,9 +89,12 @@ class CameraAnalytics:
         geometry = self._geometry_for(message)
         detections = _as_detections(message.detections)
         kept = self._filter.keep(detections, geometry.masks if geometry else ())
-        detections = detections[kept]
-        originals = [d for d, k in zip(message.detections, kept, strict=True) if k]
-        filtered = replace(message, detections=tuple(originals))
+        if kept.all():  # as most frames: no copies
+            originals, filtered = message.detections, message
+        else:
+            detections = detections[kept]
+            originals = tuple(d for d, k in zip(message.detections, kept, strict=True) if k)
+            filtered = replace(message, detections=originals)
         if message.session == state.session and message.seq <= state.last_seq:
             # analysed already (its state was written with its acknowledgement): cannot happen
             # while frames are acknowledged once; say so rather than count it twice
@@ -116,13 +119,16 @@ class CameraAnalytics:
             return FrameAnalytics(filtered, ())
         track_ids, ended = self._tracker.update(detections, now)
         self._note_tracks(detections, track_ids, now, events)
-        confirmed = track_ids >= 0
         if geometry is not None:  # with no track in sight too: lines forget the absent
-            self._count(detections[confirmed], track_ids[confirmed], now, events)
+            confirmed = track_ids >= 0
+            if confirmed.all():  # no copies
+                self._count(detections, track_ids, now, events)
+            else:
+                self._count(detections[confirmed], track_ids[confirmed], now, events)
         self._end_tracks(ended, events)
         published = tuple(
-            replace(d, track_id=int(t) if t >= 0 else None)
-            for d, t in zip(originals, track_ids, strict=True)
+            d.tracked(t if t >= 0 else None)
+            for d, t in zip(originals, track_ids.tolist(), strict=True)
         )
         return FrameAnalytics(replace(message, detections=published), tuple(events.events))
 
@@ -179,28 +185,22 @@ class CameraAnalytics:
         self, detections: sv.Detections, track_ids: np.ndarray, now: float, events: _Events
     ) -> None:
         tracks = self._known_tracks()
-        classes = detections.class_id
         for name, counter in self._lines.items():
-            chosen = _of_classes(classes, self._line_classes[name])
-            if not chosen.all():
-                ids, cls = track_ids[chosen], classes[chosen]
-                points = anchors(detections[chosen], self._config.lines[name].anchor)
-            else:
-                ids, cls = track_ids, classes
-                points = anchors(detections, self._config.lines[name].anchor)
+            chosen, ids = _of_classes(detections, track_ids, self._line_classes[name])
+            cls = chosen.class_id
+            points = anchors(chosen, self._config.lines[name].anchor)
             for index, direction in counter.update(ids, cls, points):
                 count = counter.state.counts[(direction, int(cls[index]))]
                 info = tracks[int(ids[index])]
                 events.add("line_cross", int(ids[index]), info, name, direction, count=count)
         for name, counter in self._zones.items():
-            chosen = _of_classes(classes, self._zone_classes[name])
-            ids, cls, chosen_detections = track_ids[chosen], classes[chosen], detections[chosen]
+            chosen, ids = _of_classes(detections, track_ids, self._zone_classes[name])
             inside = (
-                self._geometry.zones[name].trigger(chosen_detections)  # type: ignore[union-attr]
-                if len(chosen_detections)
+                self._geometry.zones[name].trigger(chosen)  # type: ignore[union-attr]
+                if len(chosen)
                 else np.zeros(0, dtype=bool)
             )
-            for kind, _index, track, dwell in counter.update(ids, cls, inside, now):
+            for kind, _index, track, dwell in counter.update(ids, chosen.class_id, inside, now):
                 count = _zone_count(counter, kind, tracks[track].class_id)
                 events.add(kind, track, tracks[track], name, dwell_s=dwell, count=count)  # type: ignore[arg-type]
 
@@ -277,7 +277,14 @@ def _as_detections(detections: tuple[Detection, ...]) -> sv.Detections:
     )
 
 
-def _of_classes(class_ids: np.ndarray, chosen: frozenset[int] | None) -> np.ndarray:
+def _of_classes(
+    detections: sv.Detections, track_ids: np.ndarray, chosen: frozenset[int] | None
+) -> tuple[sv.Detections, np.ndarray]:
+    """The detections of the ``chosen`` classes (``None``: every class) and their track ids,
+    not copied where that is all of them."""
     if chosen is None:
-        return np.ones(len(class_ids), dtype=bool)
-    return np.isin(class_ids, list(chosen))
+        return detections, track_ids
+    keep = np.isin(detections.class_id, list(chosen))
+    if keep.all():
+        return detections, track_ids
+    return detections[keep], track_ids[keep]

@@ -10,7 +10,7 @@ history holds is forgotten, so one that comes back starts from the side it is se
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,7 +22,9 @@ Direction = str  # "in": to the left of start → end as drawn on the frame; "ou
 class LineState:
     """What one line remembers between frames."""
 
-    history: dict[int, deque[bool]] = field(default_factory=dict)  # sides seen, newest last
+    #: the sides each track was seen on, newest last, as many as the line looks back (a tuple:
+    #: written with every frame, it pickles at a fraction of a deque's cost)
+    history: dict[int, tuple[bool, ...]] = field(default_factory=dict)
     confirmed: dict[int, bool] = field(default_factory=dict)  # side each track is counted on
     absent: dict[int, int] = field(default_factory=dict)  # frames each track has been unseen
     counts: Counter[tuple[Direction, int]] = field(default_factory=Counter)  # (dir, class)
@@ -47,8 +49,8 @@ class LineCounter:
         self._history_length = max(2, min_crossing_frames + 1)
         self.state = state or LineState()
         for track, history in self.state.history.items():  # min_crossing_frames changed
-            if history.maxlen != self._history_length:
-                self.state.history[track] = deque(history, maxlen=self._history_length)
+            if len(history) > self._history_length:
+                self.state.history[track] = history[-self._history_length :]
 
     def update(
         self, track_ids: np.ndarray, class_ids: np.ndarray, points: np.ndarray
@@ -68,12 +70,12 @@ class LineCounter:
             if not in_band[index]:
                 continue
             side = bool(sides[index])
-            history = state.history.setdefault(track, deque(maxlen=self._history_length))
-            history.append(side)
+            history = (*state.history.get(track, ()), side)[-self._history_length :]
+            state.history[track] = history
             confirmed = state.confirmed.setdefault(track, side)
             if len(history) < self._history_length or side == confirmed:
                 continue
-            if any(seen != side for seen in list(history)[1:]):
+            if any(seen != side for seen in history[1:]):
                 continue
             state.confirmed[track] = side
             direction = "in" if side else "out"

@@ -14,6 +14,17 @@ if TYPE_CHECKING:  # the tracker library is imported only by cameras that track
 
 
 @dataclass
+class TrackInfo:
+    """What events say of a track: its class, score and box when last seen, when it began."""
+
+    class_id: int
+    score: float
+    box: tuple[float, float, float, float]
+    started: float  # stream seconds
+    seen: float
+
+
+@dataclass
 class CameraState:
     session: str = ""
     last_seq: int = -1

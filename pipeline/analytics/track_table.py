@@ -26,7 +26,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import numpy as np
@@ -55,52 +55,85 @@ def _is_node(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class _Layout:
-    """The objects a track is made of (path, class, attribute names, in order), and the paths
-    of the values below them in a row: the values of every object's attributes, in order."""
+    """What a track is made of: its objects' classes and attributes, read as one row (the
+    values of every object's attributes, breadth first), and which of them are written."""
 
-    nodes: tuple[tuple[Path, type, tuple[str, ...]], ...]
     leaves: tuple[tuple[int, Path], ...]  # (position in the row, path), the values written
     references: tuple[tuple[Path, str, str], ...]  # (Kalman filter, attribute, refers to)
+    read: Callable[[Any], tuple]  # a track's row, in one call
+    objects_in: Callable[[tuple], tuple]  # the row's objects below the track
+    #: the classes of the track and of those objects, and their numbers of attributes: a track
+    #: whose objects have these, and every attribute the row reads, has this layout
+    kinds: tuple[type, ...]
+    counts: tuple[int, ...]
 
     @staticmethod
     def of(track: Any) -> _Layout | None:
-        nodes: list[tuple[Path, type, tuple[str, ...]]] = []
         leaves: list[tuple[int, Path]] = []
         references: list[tuple[Path, str, str]] = []
+        objects: list[int] = []  # positions in the row
+        kinds: list[type] = []
+        counts: list[int] = []
+        paths: list[str] = []
         seen: set[int] = set()
         queue: list[tuple[Any, Path]] = [(track, ())]
-        position = 0
         while queue:  # breadth first: the order the row is read in
             node, path = queue.pop(0)
             if id(node) in seen:  # one object reached twice: not a tree
                 return None
             seen.add(id(node))
             attributes = vars(node)
-            nodes.append((path, type(node), tuple(attributes)))
+            kinds.append(type(node))
+            counts.append(len(attributes))
             kalman = (type(node).__module__, type(node).__name__) == _KALMAN
             for name, value in attributes.items():
+                position = len(paths)
+                paths.append(".".join((*path, name)))
                 if _is_node(value):
                     queue.append((value, (*path, name)))
+                    objects.append(position)
                 elif kalman and name in _REFERENCES and _REFERENCES[name] in attributes:
                     references.append((path, name, _REFERENCES[name]))
                 elif not (kalman and name in _SCRATCH):
                     leaves.append((position, (*path, name)))
-                position += 1
-        return _Layout(tuple(nodes), tuple(leaves), tuple(references))
+        return _Layout(
+            tuple(leaves),
+            tuple(references),
+            _tuple_getter(attrgetter, paths),
+            _tuple_getter(itemgetter, objects),
+            tuple(kinds),
+            tuple(counts),
+        )
 
-    def row(self, track: Any, getters: Sequence[Callable[[Any], Any]]) -> list | None:
+    def row(self, track: Any) -> tuple | None:
         """The track's values in this layout's order, or ``None`` where it has another."""
-        row: list = []
-        for (_, kind, names), get in zip(self.nodes, getters, strict=True):
-            try:
-                node = get(track)
-            except AttributeError:
-                return None
-            attributes = vars(node) if type(node) is kind else None
-            if attributes is None or tuple(attributes) != names:
-                return None
-            row.extend(attributes.values())
+        try:
+            row = self.read(track)
+        except AttributeError:  # an attribute the layout has is missing
+            return None
+        objects = (track, *self.objects_in(row))
+        if tuple(map(type, objects)) != self.kinds:
+            return None
+        if tuple(map(len, map(vars, objects))) != self.counts:  # an attribute more
+            return None
         return row
+
+
+def _tuple_getter(getter: Callable[..., Callable], keys: Sequence[Any]) -> Callable:
+    """``getter(*keys)`` (``attrgetter``, ``itemgetter``), always giving a tuple: for one key
+    they give the bare value, and want one at least."""
+    if len(keys) > 1:
+        return getter(*keys)
+    if keys:
+        one = getter(keys[0])
+        return lambda obj: (one(obj),)
+    return lambda obj: ()
+
+
+#: the layouts of tracks met before (a tracker's tracks almost always share one): a track
+#: is put in the first whose :meth:`_Layout.row` reads it, found anew where none does
+_known_layouts: list[_Layout] = []
+_KNOWN_LAYOUTS_KEPT = 8
 
 
 _shape = attrgetter("shape")
@@ -124,6 +157,9 @@ def _joined(column: Sequence[Any]) -> np.ndarray | None:
 def _column(values: Sequence[Any]) -> np.ndarray | tuple | None:
     """What is written of a leaf: ``None`` where every track has the template's array (the
     filter's model matrices), else the arrays joined, else the values."""
+    first = values[0]
+    if type(first) is np.ndarray and all(value is first for value in values):
+        return None  # one array every track refers to (the model's index arrays)
     joined = _joined(values)
     if joined is None:
         return tuple(values)
@@ -137,13 +173,14 @@ class _Group:
     """The tracks of one layout, at their places in the tracker's list."""
 
     template: Any
-    layout: _Layout
+    leaves: tuple[Path, ...]  # the layout's, what ``columns`` are the values of
+    references: tuple[tuple[Path, str, str], ...]  # the layout's
     places: tuple[int, ...]
     columns: tuple[np.ndarray | tuple | None, ...]  # one per leaf: see _column
 
     def tracks(self) -> list:
         tracks = []
-        setters = [(_getter(path[:-1]), path[-1]) for _, path in self.layout.leaves]
+        setters = [(_getter(path[:-1]), path[-1]) for path in self.leaves]
         for i in range(len(self.places)):
             track = copy.deepcopy(self.template)
             for (owner, name), column in zip(setters, self.columns, strict=True):
@@ -152,7 +189,7 @@ class _Group:
                 value = column[i]
                 value = value.copy() if isinstance(column, np.ndarray) else copy.deepcopy(value)
                 setattr(owner(track), name, value)
-            for path, name, refers_to in self.layout.references:
+            for path, name, refers_to in self.references:
                 kalman = _getter(path)(track)
                 setattr(kalman, name, getattr(kalman, refers_to))
             tracks.append(track)
@@ -177,12 +214,11 @@ class _Rows:
     """The tracks of one layout met so far: their places and rows."""
 
     layout: _Layout
-    getters: list[Callable[[Any], Any]]
     places: list[int]
-    rows: list[list]
+    rows: list[tuple]
 
     def add(self, place: int, track: Any) -> bool:
-        row = self.layout.row(track, self.getters)
+        row = self.layout.row(track)
         if row is not None:
             self.places.append(place)
             self.rows.append(row)
@@ -190,8 +226,22 @@ class _Rows:
 
     def group(self, tracks: Sequence[Any]) -> _Group:
         by_position = list(zip(*self.rows, strict=True))
-        columns = tuple(_column(by_position[position]) for position, _ in self.layout.leaves)
-        return _Group(tracks[self.places[0]], self.layout, tuple(self.places), columns)
+        leaves = self.layout.leaves
+        columns = tuple(_column(by_position[position]) for position, _ in leaves)
+        template = tracks[self.places[0]]
+        paths = tuple(path for _, path in leaves)
+        return _Group(template, paths, self.layout.references, tuple(self.places), columns)
+
+
+def _layout_for(track: Any) -> _Layout | None:
+    for layout in _known_layouts:
+        if layout.row(track) is not None:
+            return layout
+    layout = _Layout.of(track) if _is_node(track) else None
+    if layout is not None:
+        _known_layouts.insert(0, layout)
+        del _known_layouts[_KNOWN_LAYOUTS_KEPT:]
+    return layout
 
 
 def pack(tracks: Sequence[Any]) -> TrackTable | None:
@@ -200,9 +250,9 @@ def pack(tracks: Sequence[Any]) -> TrackTable | None:
     for place, track in enumerate(tracks):
         if any(rows.add(place, track) for rows in found):  # almost always the first layout
             continue
-        layout = _Layout.of(track) if _is_node(track) else None
+        layout = _layout_for(track)
         if layout is None:
             return None
-        found.append(_Rows(layout, [_getter(path) for path, _, _ in layout.nodes], [], []))
+        found.append(_Rows(layout, [], []))
         found[-1].add(place, track)  # its own layout
     return TrackTable(tuple(rows.group(tracks) for rows in found), len(tracks))

@@ -14,6 +14,7 @@ import numpy as np
 import supervision as sv
 from trackers import ByteTrackTracker
 
+from pipeline.analytics.state import TrackInfo
 from pipeline.config.analytics import TrackerConfig
 
 #: ByteTrack's ``lost_track_buffer`` counts frames of a 30 fps stream; with timestamps it is a
@@ -31,17 +32,6 @@ def bytetrack(config: TrackerConfig) -> ByteTrackTracker:
         minimum_iou_threshold=config.match_iou,
         high_conf_det_threshold=config.high_score,
     )
-
-
-@dataclass
-class TrackInfo:
-    """What events say of a track: its class, score and box when last seen, when it began."""
-
-    class_id: int
-    score: float
-    box: tuple[float, float, float, float]
-    started: float  # stream seconds
-    seen: float
 
 
 @dataclass

@@ -91,6 +91,16 @@ def test_a_line_state_carries_on_in_a_new_counter():
     assert isinstance(second.state, LineState)
 
 
+def test_a_line_state_carried_into_a_shorter_hysteresis_keeps_the_newest_sides():
+    state = LineState(history={7: (False, True, True, True)}, confirmed={7: False})
+    counter = LineCounter((0.0, 100.0), (200.0, 100.0), 1, state=state)
+    assert state.history == {7: (True, True)}
+    # the track is on the far side already: its next frame there confirms it, counted once
+    crossings = counter.update(np.array([7]), np.array([0]), np.array([[50.0, 80.0]]))
+    crossings += counter.update(np.array([7]), np.array([0]), np.array([[50.0, 70.0]]))
+    assert crossings == [(0, "in")]
+
+
 @settings(max_examples=200, deadline=None)
 @given(frames=trajectories())
 def test_zone_occupancy_with_no_inertia_is_polygon_zones_count(frames):

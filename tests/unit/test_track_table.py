@@ -3,6 +3,8 @@ read back, they go on exactly as the tracks that were never written."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -76,3 +78,26 @@ def test_what_is_not_the_librarys_tracks_is_not_a_table(tracks):
 
 def test_no_tracks_is_an_empty_table():
     assert track_table.pack([]).unpack() == []
+
+
+def test_a_track_with_one_attribute_swapped_for_another_is_not_read_with_a_known_layout():
+    tracks = tracks_after(45)
+    assert track_table.pack(tracks) is not None  # its layout is known now
+    odd = copy.deepcopy(tracks[0])
+    kalman = odd.state_estimator.kf
+    del kalman.dim_z  # as many attributes as the known layout, one of them another
+    kalman.extra = np.arange(3.0)
+    back = track_table.pack([tracks[1], odd]).unpack()
+    assert back[1].state_estimator.kf.extra.tolist() == [0.0, 1.0, 2.0]
+    assert not hasattr(back[1].state_estimator.kf, "dim_z")
+    assert back[0].state_estimator.kf.dim_z == tracks[1].state_estimator.kf.dim_z
+
+
+def test_a_track_with_an_attribute_more_is_not_read_with_a_known_layout():
+    tracks = tracks_after(45)
+    assert track_table.pack(tracks) is not None
+    odd = copy.deepcopy(tracks[0])
+    odd.state_estimator.motion.note = "kept"
+    back = track_table.pack([odd, tracks[1]]).unpack()
+    assert back[0].state_estimator.motion.note == "kept"
+    assert not hasattr(back[1].state_estimator.motion, "note")
