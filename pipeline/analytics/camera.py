@@ -11,7 +11,7 @@ import numpy as np
 import supervision as sv
 
 from pipeline.analytics.filters import ObjectFilter, class_ids
-from pipeline.analytics.geometry import FrameGeometry, RegionOutsideFrame, anchors
+from pipeline.analytics.geometry import FrameGeometry, RegionDoesNotFit, anchors
 from pipeline.analytics.lines import LineCounter, LineState
 from pipeline.analytics.state import CameraState, TrackInfo
 from pipeline.analytics.tracking import CameraTracker
@@ -148,7 +148,7 @@ class CameraAnalytics:
                 geometry = FrameGeometry.resolve(
                     self._config, message.width, message.height, self._where
                 )
-            except RegionOutsideFrame as exc:
+            except RegionDoesNotFit as exc:
                 raise BadInput(str(exc)) from None
             self._geometry = geometry
             self._lines = {

@@ -9,6 +9,8 @@ import supervision as sv
 
 from pipeline.config.analytics import AnalyticsConfig, Anchor, Point
 
+Pixel = tuple[float, float]
+
 ANCHORS: dict[str, sv.Position] = {
     "bottom_center": sv.Position.BOTTOM_CENTER,
     "center": sv.Position.CENTER,
@@ -16,8 +18,15 @@ ANCHORS: dict[str, sv.Position] = {
 }
 
 
-class RegionOutsideFrame(ValueError):
-    """A zone, line or mask in pixels beyond the camera's frames."""
+class RegionDoesNotFit(ValueError):
+    """A zone, line or mask beyond the camera's frames, or too small to see in their pixels
+    (normalised coordinates that differ by less than a pixel of these frames)."""
+
+
+#: the least a line is long and a zone or mask covers in the frames' pixels: a region below
+#: can never count anything (and a line of no length has no sides)
+MIN_LINE_PX = 1.0
+MIN_AREA_PX = 1.0
 
 
 def anchors(detections: sv.Detections, anchor: Anchor) -> np.ndarray:
@@ -32,26 +41,44 @@ class FrameGeometry:
     width: int
     height: int
     zones: dict[str, sv.PolygonZone]
-    lines: dict[str, tuple[tuple[float, float], tuple[float, float]]]
+    lines: dict[str, tuple[Pixel, Pixel]]
     masks: tuple[sv.PolygonZone, ...]
 
     @classmethod
     def resolve(cls, config: AnalyticsConfig, width: int, height: int, where: str) -> FrameGeometry:
-        """Raises :class:`RegionOutsideFrame` naming the region (``where``: the camera's
-        config path) when one lies outside the frames."""
+        """Raises :class:`RegionDoesNotFit` naming the region (``where``: the camera's
+        config path) when one lies outside the frames or is too small to see in them."""
         scale = (width, height) if config.coordinates == "normalized" else (1, 1)
 
-        def pixels(point: Point, name: str) -> tuple[float, float]:
+        def pixels(point: Point, name: str) -> Pixel:
             x, y = point[0] * scale[0], point[1] * scale[1]
             if x > width or y > height:
-                raise RegionOutsideFrame(
+                raise RegionDoesNotFit(
                     f"{where}.{name}: point [{point[0]:g}, {point[1]:g}] is outside the "
                     f"camera's {width}x{height} frames"
                 )
             return x, y
 
         def polygon(points: list[Point], name: str) -> np.ndarray:
-            return np.array([pixels(p, name) for p in points]).round().astype(int)
+            corners = np.array([pixels(p, name) for p in points]).round().astype(int)
+            x, y = corners[:, 0].astype(float), corners[:, 1].astype(float)
+            area = abs(np.dot(x, np.roll(y, 1)) - np.dot(y, np.roll(x, 1))) / 2  # shoelace
+            if area < MIN_AREA_PX:
+                raise RegionDoesNotFit(
+                    f"{where}.{name}: covers {area:g} square pixels of the camera's "
+                    f"{width}x{height} frames (at least {MIN_AREA_PX:g})"
+                )
+            return corners
+
+        def line(start: Point, end: Point, name: str) -> tuple[Pixel, Pixel]:
+            ends = pixels(start, name), pixels(end, name)
+            length = float(np.hypot(ends[1][0] - ends[0][0], ends[1][1] - ends[0][1]))
+            if not length >= MIN_LINE_PX:
+                raise RegionDoesNotFit(
+                    f"{where}.{name}: {length:g} pixels long in the camera's {width}x{height} "
+                    f"frames (at least {MIN_LINE_PX:g})"
+                )
+            return ends
 
         zones = {
             name: sv.PolygonZone(
@@ -61,8 +88,8 @@ class FrameGeometry:
             for name, zone in config.zones.items()
         }
         lines = {
-            name: (pixels(line.start, f"lines.{name}"), pixels(line.end, f"lines.{name}"))
-            for name, line in config.lines.items()
+            name: line(drawn.start, drawn.end, f"lines.{name}")
+            for name, drawn in config.lines.items()
         }
         masks = tuple(
             sv.PolygonZone(

@@ -3,6 +3,7 @@ and masks, a tracker, zones and lines — and so which events it produces."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -208,6 +209,13 @@ class AnalyticsConfig(BaseModel):
             for loc, point in self._points():
                 if any(v < 0 for v in point):
                     problems.append((loc, "pixel coordinates are >= 0", None))
+            for name, line in self.lines.items():  # normalised: checked against the frames
+                if 0 < math.dist(line.start, line.end) < 1:
+                    problems.append((("lines", name, "end"), "shorter than one pixel", None))
+        for name in self.zones.keys() & self.lines.keys():
+            problems.append(
+                (("lines", name), "a zone has this name too: events tell regions by name", None)
+            )
         if problems:
             raise fail_at(type(self).__name__, problems)
         return self

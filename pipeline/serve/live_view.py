@@ -146,11 +146,11 @@ def _draw_regions(
     """Zones (outline, name, tracks in it) and lines (an arrow from start to end, crossings
     in and out), as the camera's analytics sees them."""
     # supervision is imported where analytics are used: the GPU check's machine lacks it
-    from pipeline.analytics.geometry import FrameGeometry, RegionOutsideFrame
+    from pipeline.analytics.geometry import FrameGeometry, RegionDoesNotFit
 
     try:
         regions = FrameGeometry.resolve(config, g.width, g.height, "analytics")
-    except RegionOutsideFrame:
+    except RegionDoesNotFit:
         return  # the camera's analytics is off until its settings change (logged there)
     for name, zone in regions.zones.items():
         points = np.array([_to_image(g, x, y) for x, y in zone.polygon], np.int32)

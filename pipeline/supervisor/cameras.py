@@ -191,12 +191,12 @@ class LiveCameras(Part):
         latest = self._live.latest(camera_id)
         if settings is not None and latest is not None:  # regions beyond its frames
             # supervision is imported where analytics are used: the GPU check's machine lacks it
-            from pipeline.analytics.geometry import FrameGeometry, RegionOutsideFrame
+            from pipeline.analytics.geometry import FrameGeometry, RegionDoesNotFit
 
             g = latest[0].geometry
             try:
                 FrameGeometry.resolve(settings, g.width, g.height, "analytics")
-            except RegionOutsideFrame as exc:
+            except RegionDoesNotFit as exc:
                 raise ConfigError([str(exc)], "analytics") from None
         camera = self._config.camera(camera_id).model_copy(update={"analytics": settings})
         self._write_change(camera)

@@ -113,7 +113,12 @@ class OutputUnavailable(Exception):
 
 class OutputRejected(Exception):
     """The receiver refused the events (an HTTP 4xx other than 408/429): trying again would
-    not change its answer, so they are counted dropped with cause ``rejected``."""
+    not change its answer, so they are counted dropped with cause ``rejected``.  ``refused``:
+    how many of the events given (the others were delivered); ``None``: all of them."""
+
+    def __init__(self, message: str, *, refused: int | None = None):
+        super().__init__(message)
+        self.refused = refused
 
 
 def checked_url(url: str, parse: Callable[[str], object], expected: str) -> str:

@@ -365,9 +365,18 @@ class _Feed:
         try:
             self.output.deliver([entry.event for entry in batch])
         except OutputRejected as exc:
-            log.warning("output %r: %d events refused: %s", self.output.name, len(batch), exc)
+            refused = len(batch) if exc.refused is None else exc.refused
+            log.warning(
+                "output %r: %d of %d events refused: %s",
+                self.output.name,
+                refused,
+                len(batch),
+                exc,
+            )
             self._record_error(str(exc))
-            self._count_dropped("rejected", len(batch))
+            self._count_dropped("rejected", refused)
+            with self._lock:
+                self.delivered += len(batch) - refused
             self._failures = 0  # the receiver answers
         except OutputUnavailable as exc:
             return self._failed(str(exc), streams)

@@ -7,7 +7,8 @@ comma-separated, for de-duplication before parsing) and, with a secret,
 
 A 2xx delivers the batch.  400, 410 and 422 are the receiver refusing this batch's content:
 ``OutputRejected`` (counted dropped, cause ``rejected``).  413 (too large) splits the batch in
-halves, down to single events (one event refused as too large is rejected).  Any other answer
+halves, each sent whatever became of the other, down to single events (one event refused as
+too large is rejected; the relay counts only the events refused).  Any other answer
 (408, 429, 5xx, 401/403 after a rotated token, 404 while a receiver is redeployed, a redirect:
 POSTs are never redirected), a timeout or a refused connection is the receiver away: tried
 ``retries`` more times with exponential backoff (``Retry-After`` honoured, up to
@@ -20,8 +21,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import http.client
 import json
 import os
+import socket
 import threading
 import urllib.error
 import urllib.request
@@ -67,7 +70,11 @@ class Options(OutputOptions):
         default_factory=dict, repr=False, description="More request headers (Authorization...)"
     )
     timeout_s: float = Field(
-        10.0, gt=0, le=300, allow_inf_nan=False, description="Per request, connect and answer"
+        10.0,
+        gt=0,
+        le=300,
+        allow_inf_nan=False,
+        description="Per request, connecting to the whole answer read (the connection is cut then)",
     )
     retries: int = Field(
         3, ge=0, le=20, description="Tries after a failed one before the relay's longer wait"
@@ -132,6 +139,72 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         return None
 
 
+class _Deadline:
+    """Shuts a request's connection down once ``seconds`` have passed.  urllib's ``timeout``
+    bounds each socket call, not the request: a receiver that trickled its answer a byte at a
+    time held the output as long as it liked, and ``longest_delivery_s`` (which the relay's
+    ``claim_idle_s`` is checked against) bounded nothing."""
+
+    def __init__(self, seconds: float):
+        self._seconds = seconds
+        self._socket: socket.socket | None = None
+        self._done = threading.Event()
+        self.expired = False
+
+    def watch(self, connected: socket.socket) -> None:
+        self._socket = connected
+
+    def __enter__(self) -> _Deadline:
+        threading.Thread(target=self._cut_when_due, name="webhook-deadline", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._done.set()
+
+    def _cut_when_due(self) -> None:
+        if self._done.wait(self._seconds):
+            return
+        self.expired = True
+        while not self._done.is_set():
+            if self._socket is not None:
+                try:
+                    self._socket.shutdown(socket.SHUT_RDWR)  # wakes the read blocked on it
+                except OSError:  # closed meanwhile: the request is over
+                    pass
+                return
+            self._done.wait(0.05)  # still connecting: its own timeout bounds that
+
+
+class _Watched(urllib.request.AbstractHTTPHandler):
+    """Shows each request's socket, once connected, to the request's :class:`_Deadline` (urllib
+    takes it from the connection once the answer's headers are in: the answer reads on)."""
+
+    def do_open(self, http_class, req, **http_conn_args):  # type: ignore[no-untyped-def]
+        deadline: _Deadline | None = getattr(req, "deadline", None)
+
+        def connection(host: str, **options: object) -> http.client.HTTPConnection:
+            made = http_class(host, **options)
+            if deadline is not None:
+                connect = made.connect
+
+                def connect_watched() -> None:
+                    connect()
+                    deadline.watch(made.sock)
+
+                made.connect = connect_watched  # type: ignore[method-assign]
+            return made
+
+        return super().do_open(connection, req, **http_conn_args)
+
+
+class _WatchedHTTP(_Watched, urllib.request.HTTPHandler):
+    pass
+
+
+class _WatchedHTTPS(_Watched, urllib.request.HTTPSHandler):
+    pass
+
+
 class WebhookOutput:
     def __init__(self, options: Options, *, secret: bytes | None):
         self.name = options.output_name
@@ -139,19 +212,30 @@ class WebhookOutput:
         self._secret = secret
         self._where = redact_url(options.url)
         self._closed = threading.Event()
-        self._opener = urllib.request.build_opener(_NoRedirects())
+        self._opener = urllib.request.build_opener(_NoRedirects(), _WatchedHTTP(), _WatchedHTTPS())
 
     def deliver(self, events: Sequence[ObjectEvent]) -> None:
+        refused, reason = self._deliver_in_parts(events)
+        if refused:
+            raise OutputRejected(f"{reason} ({refused} of {len(events)} events)", refused=refused)
+
+    def _deliver_in_parts(self, events: Sequence[ObjectEvent]) -> tuple[int, str]:
+        """How many of ``events`` the receiver refused, and why.  A 413 splits them in halves,
+        each sent whatever became of the other, down to single events."""
         if not events:
-            return
+            return 0, ""
         try:
             self._deliver(events)
         except _TooLarge as exc:
             if len(events) == 1:
-                raise OutputRejected(str(exc)) from None
+                return 1, str(exc)
             half = len(events) // 2
-            self.deliver(events[:half])
-            self.deliver(events[half:])
+            first, first_reason = self._deliver_in_parts(events[:half])
+            second, second_reason = self._deliver_in_parts(events[half:])
+            return first + second, second_reason or first_reason
+        except OutputRejected as exc:
+            return len(events), str(exc)
+        return 0, ""
 
     def _deliver(self, events: Sequence[ObjectEvent]) -> None:
         body = batch_body(events)
@@ -187,8 +271,10 @@ class WebhookOutput:
         request = urllib.request.Request(
             self._options.url, data=body, headers=dict(headers), method="POST"
         )
+        deadline = _Deadline(self._options.timeout_s)
+        request.deadline = deadline  # type: ignore[attr-defined]
         try:
-            with self._opener.open(request, timeout=self._options.timeout_s) as response:
+            with deadline, self._opener.open(request, timeout=self._options.timeout_s) as response:
                 response.read()
                 status = response.status
         except urllib.error.HTTPError as exc:
@@ -200,7 +286,12 @@ class WebhookOutput:
             if is_retryable(status):
                 return retry_after_s(exc.headers.get("Retry-After")) or 0.0, reason
             raise OutputRejected(reason) from None
-        except (urllib.error.URLError, OSError) as exc:
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            if deadline.expired:
+                return (
+                    0.0,
+                    f"webhook {self._where}: no whole answer in {self._options.timeout_s:g} s",
+                )
             cause = getattr(exc, "reason", exc)
             return 0.0, redact_url(f"webhook {self._where} unreachable: {cause}")
         if 200 <= status < 300:

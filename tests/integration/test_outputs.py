@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -100,6 +101,7 @@ class Receiver:
         self.requests: list[tuple[dict[str, str], bytes]] = []
         self.status: int = 200
         self.max_events: int | None = None  # more in one request: 413
+        self.too_large_id: str | None = None  # a request with this event: 413, even alone
         self.answered: list[int] = []  # the status of each request
         self.hold = threading.Event()  # set: each request waits until released
         self.released = threading.Event()
@@ -111,18 +113,10 @@ class Receiver:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 with receiver.lock:
                     receiver.requests.append((dict(self.headers.items()), body))
-                    receiver.answered.append(
-                        413
-                        if receiver.max_events is not None
-                        and len(json.loads(body)["events"]) > receiver.max_events
-                        else receiver.status
-                    )
+                    receiver.answered.append(413 if receiver.too_large(body) else receiver.status)
                 if receiver.hold.is_set():
                     receiver.released.wait(30)
-                status = receiver.status
-                limit = receiver.max_events
-                if limit is not None and len(json.loads(body)["events"]) > limit:
-                    status = 413
+                status = 413 if receiver.too_large(body) else receiver.status
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -135,6 +129,12 @@ class Receiver:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+
+    def too_large(self, body: bytes) -> bool:
+        events = json.loads(body)["events"]
+        if self.max_events is not None and len(events) > self.max_events:
+            return True
+        return self.too_large_id is not None and any(e["id"] == self.too_large_id for e in events)
 
     def received(self, status: int | None = None) -> list[str]:
         """Every event id of every request (answered ``status``, if given), repeats included,
@@ -717,3 +717,72 @@ def test_webhook_away_answers_wait_and_a_batch_too_large_is_split(
     assert sorted(delivered) == sorted(ids(written)) and len(delivered) == len(written)
     assert 413 in receiver.answered
     assert not relay.stats()["webhook"].dropped
+
+
+def test_webhook_one_event_too_large_is_the_only_one_refused_of_its_batch(
+    redis_client: redis.Redis, prefix: str, receiver: Receiver, relays: list[OutputRelay]
+):
+    """The batch is split around the event the receiver will not take even alone: the others
+    are delivered, once each, and only that one is counted refused."""
+    keys = StreamKeys(prefix)
+    written = events_of("door", range(1, 11))
+    receiver.too_large_id = written[2].id
+    write(redis_client, keys, written)
+    options = webhook.Options(url=receiver.url, retries=0, batch_size=10)
+    relay = relay_of(relays, redis_client, keys, lambda: ["door"], options)
+    wait_for(lambda: relay.stats()["webhook"].dropped.get("rejected") == 1, "one refused")
+    delivered = receiver.received(status=200)
+    assert sorted(delivered) == sorted(ids(written) - {written[2].id})
+    assert len(delivered) == len(written) - 1
+    stats = relay.stats()["webhook"]
+    assert stats.delivered == len(written) - 1 and stats.dropped == {"rejected": 1}
+    pending = redis_client.xpending(keys.object_events("door"), output_group("webhook"))
+    assert pending["pending"] == 0
+
+
+class TricklingReceiver:
+    """Answers 200 with a body of 100,000 bytes it sends one byte at a time, each well within
+    any socket timeout: hours for the whole answer."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/hook"
+        self.stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._trickle, args=(connection,), daemon=True).start()
+
+    def _trickle(self, connection: socket.socket) -> None:
+        with connection:
+            connection.recv(65536)  # the request (small: one event)
+            connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+            while not self.stop.wait(0.2):
+                try:
+                    connection.sendall(b"x")
+                except OSError:  # cut by the client
+                    return
+
+    def close(self) -> None:
+        self.stop.set()
+        self.listener.close()
+
+
+def test_webhook_a_receiver_that_trickles_its_answer_is_cut_at_the_timeout():
+    receiver = TricklingReceiver()
+    output = webhook.WebhookOutput(
+        webhook.Options(url=receiver.url, timeout_s=1, retries=0), secret=None
+    )
+    started = time.monotonic()
+    try:
+        with pytest.raises(webhook.OutputUnavailable, match=r"no whole answer in 1 s"):
+            output.deliver([event("door", 1)])
+    finally:
+        output.close()
+        receiver.close()
+    assert time.monotonic() - started < 60  # not the ~5.5 hours of the whole answer

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from pydantic import ValidationError
 
 from pipeline.analytics.camera import CameraAnalytics
 from pipeline.analytics.store import StateUnreadable, dump_state, load_state
@@ -134,6 +135,51 @@ def test_a_zone_outside_the_frames_is_bad_input_named():
     config = {"tracker": {}, "zones": {"far": {"polygon": [[0, 0], [2000, 0], [0, 900]]}}}
     with pytest.raises(BadInput, match=r"zones\.far: point \[2000, 0\] is outside .*960x540"):
         analytics(config).analyse(frame(0, []))
+
+
+def test_a_normalized_line_shorter_than_a_pixel_of_the_frames_is_bad_input_named():
+    # ends one ulp apart pass the config's check and are one pixel at 960 wide: a line
+    # counter cannot be made of them (it stopped the whole daemon at the first frame)
+    x = 0.22169166627303505
+    config = {
+        "coordinates": "normalized",
+        "tracker": {},
+        "lines": {"l": {"start": [x, 0.5], "end": [x + 3e-17, 0.5]}},
+    }
+    assert config["lines"]["l"]["start"] != config["lines"]["l"]["end"]
+    with pytest.raises(BadInput, match=r"lines\.l: 0 pixels long .*960x540 frames"):
+        analytics(config).analyse(frame(0, []))
+
+
+def test_a_normalized_zone_of_less_than_a_pixel_is_bad_input_named():
+    config = {
+        "coordinates": "normalized",
+        "tracker": {},
+        "zones": {"dot": {"polygon": [[0.5, 0.5], [0.5004, 0.5], [0.5, 0.5004]]}},
+    }
+    with pytest.raises(BadInput, match=r"zones\.dot: covers 0 square pixels"):
+        analytics(config).analyse(frame(0, []))
+
+
+@pytest.mark.parametrize(
+    ("regions", "where", "message"),
+    [
+        ({"lines": {"l": {"start": [10, 10], "end": [10.5, 10]}}}, "lines.l.end", "one pixel"),
+        (
+            {
+                "lines": {"gate": {"start": [0, 0], "end": [10, 10]}},
+                "zones": {"gate": {"polygon": [[0, 0], [9, 0], [0, 9]]}},
+            },
+            "lines.gate",
+            "a zone has this name too",
+        ),
+    ],
+)
+def test_regions_no_event_could_tell_apart_are_refused_by_the_config(regions, where, message):
+    with pytest.raises(ValidationError) as raised:
+        AnalyticsConfig.model_validate({"tracker": {}, **regions})
+    (error,) = raised.value.errors()
+    assert ".".join(map(str, error["loc"])) == where and message in error["msg"]
 
 
 def test_normalized_regions_scale_with_the_frames():
