@@ -407,6 +407,7 @@ def _open_outputs(config: Config, services: Services, stack: ExitStack) -> Outpu
         client=services.client,
         keys=services.keys,
         cameras=lambda: list(services.states.states()),
+        redis_kept=bool(config.redis.url),
     )
     stack.callback(outputs.stop)
     if config.outputs:

@@ -3,6 +3,7 @@ analytics events to MQTT brokers and webhooks, as a part the supervisor starts a
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Sequence
 
 import redis
@@ -13,6 +14,8 @@ from streams.keys import StreamKeys
 from streams.outputs.base import OutputError, OutputOptions
 from streams.outputs.relay import OutputRelay, OutputStats
 from streams.urls import redact_url
+
+log = logging.getLogger(__name__)
 
 #: How long the stop waits for a delivery in flight (it is acknowledged if it ends in time;
 #: else it is delivered again by the next run: at least once).
@@ -32,9 +35,14 @@ class OutputsPart(Part):
         client: redis.Redis,
         keys: StreamKeys,
         cameras: Callable[[], Iterable[str]],
+        redis_kept: bool = True,
     ):
+        """``redis_kept``: Redis outlives the run (``redis.url``); else it is the run's private
+        one, and what the outputs did not deliver is lost with it (said at stop)."""
+        self._redis_kept = redis_kept
         if outputs:
             _check_redis_version(client)
+        self._stopped = False
         try:
             self._relay = OutputRelay(outputs, redis_client=client, keys=keys, cameras=cameras)
         except OutputError as exc:
@@ -44,8 +52,31 @@ class OutputsPart(Part):
         self._relay.start()
 
     def stop(self) -> None:
-        """Legal in every state, more than once (also the exit stack's close)."""
+        """Legal in every state, more than once (also the exit stack's close).  Says, per
+        output, the events it leaves undelivered."""
         self._relay.stop(STOP_TIMEOUT_S)
+        if self._stopped:
+            return
+        self._stopped = True
+        for stats in self._relay.count_waiting().values():
+            waiting = stats.backlog + stats.pending
+            if not waiting:
+                continue
+            fate = (
+                "they wait in Redis for the next run of this output"
+                if self._redis_kept
+                else "they are lost with this run's private Redis (set redis.url to keep them)"
+            )
+            log.warning(
+                "output %r: %d events not delivered at stop (%d unread, %d read and not "
+                "acknowledged; %s): %s",
+                stats.name,
+                waiting,
+                stats.backlog,
+                stats.pending,
+                stats.last_error or "no error",
+                fate,
+            )
 
     def stats(self) -> dict[str, OutputStats]:
         """Each output's counts now: delivered, dropped by cause, backlog, last error."""

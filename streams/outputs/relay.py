@@ -446,6 +446,13 @@ class _Feed:
         return backoff_delay(self._failures, base_s=min(RETRY_BASE_S, max_s), max_s=max_s)
 
     # --- counts -------------------------------------------------------------------------------
+    def count_waiting(self) -> None:
+        """Backlog and pending as Redis has them now (the thread has stopped)."""
+        try:
+            self._read(self._streams(), 0)
+        except redis.RedisError:
+            pass  # Redis away: the last look stands
+
     def _record_error(self, problem: str) -> None:
         with self._lock:
             self.last_error, self.last_error_at = redact_url(problem), time.time()
@@ -548,6 +555,14 @@ class OutputRelay:
                 feed.thread.join(max(0.0, deadline - time.monotonic()))
                 if feed.thread.is_alive():
                     log.warning("output %r did not stop in time", feed.output.name)
+
+    def count_waiting(self) -> dict[str, OutputStats]:
+        """After ``stop()``: each output's counts with its backlog and pending read from Redis
+        now (an output still stopping, or Redis away, keeps its last look)."""
+        for feed in self._feeds:
+            if not feed.thread.is_alive():
+                feed.count_waiting()
+        return self.stats()
 
     def _close_outputs(self) -> None:
         for feed in self._feeds:

@@ -786,3 +786,32 @@ def test_webhook_a_receiver_that_trickles_its_answer_is_cut_at_the_timeout():
         output.close()
         receiver.close()
     assert time.monotonic() - started < 60  # not the ~5.5 hours of the whole answer
+
+
+@pytest.mark.parametrize(
+    ("redis_kept", "fate"),
+    [(True, "they wait in Redis for the next run"), (False, "lost with this run's private Redis")],
+)
+def test_events_an_output_leaves_undelivered_at_stop_are_said_with_their_fate(
+    redis_client: redis.Redis,
+    prefix: str,
+    receiver: Receiver,
+    caplog: pytest.LogCaptureFixture,
+    redis_kept: bool,
+    fate: str,
+):
+    keys = StreamKeys(prefix)
+    receiver.status = 500
+    write(redis_client, keys, events_of("door", range(1, 8)))
+    options = webhook.Options(url=receiver.url, retries=0, batch_size=5, retry_max_s=0.2)
+    part = OutputsPart(
+        [options], client=redis_client, keys=keys, cameras=lambda: ["door"], redis_kept=redis_kept
+    )
+    part.start()
+    try:
+        wait_for(lambda: part.stats()["webhook"].failing, "the output failing on 500")
+    finally:
+        part.stop()
+    (said,) = [r.getMessage() for r in caplog.records if "not delivered at stop" in r.getMessage()]
+    assert said.startswith("output 'webhook': 7 events not delivered at stop (2 unread, 5 read")
+    assert "HTTP 500" in said and fate in said
