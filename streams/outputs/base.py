@@ -102,6 +102,15 @@ class EventOutput(Protocol):
         """Release the connection; legal in every state, more than once."""
 
 
+class ReconnectingOutput(EventOutput, Protocol):
+    """An output whose client reconnects by itself (MQTT, NATS) and so knows when its receiver
+    is back: the relay then tries again at once rather than at the end of its backoff (up to
+    ``retry_max_s``: events were held 5-25 s after a broker came back)."""
+
+    def on_back(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (from any thread) each time the connection is made again."""
+
+
 class OutputError(Exception):
     """An output could not be opened: bad input at start (a refused password, a missing
     secret).  Messages never hold a password."""

@@ -22,7 +22,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
@@ -143,6 +143,7 @@ class MqttOutput:
         self._attempted = threading.Event()  # the first connection attempt has an outcome
         self._refused: str | None = None  # the broker's last refusal of our connection
         self._problem = "not connected yet"
+        self._back: Callable[[], None] = lambda: None
         # count topic -> (time, seq, index) of the event whose count it shows: an older event (one
         # taken over from a process that died) must not put an older count back
         self._counts: dict[str, tuple[float, int, int]] = {}
@@ -187,6 +188,7 @@ class MqttOutput:
                     log.info("MQTT output %r connected to %s", self.name, self._where)
                 self._refused = None
                 self._problem = ""
+            self._back()
         self._attempted.set()
 
     def _on_connect_fail(self, client: Any, userdata: Any) -> None:
@@ -202,6 +204,9 @@ class MqttOutput:
                     log.warning("%s (reconnecting)", self._problem)
 
     # --- the relay's thread ---------------------------------------------------------------
+    def on_back(self, callback: Callable[[], None]) -> None:
+        self._back = callback
+
     def wait_first_connect(self) -> None:
         """Bad input at start: the broker refuses the user name or password."""
         self._attempted.wait(self._options.connect_timeout_s)

@@ -24,7 +24,7 @@ import json
 import logging
 import ssl
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -154,6 +154,7 @@ class NatsOutput:
         self._first_outcome = threading.Event()  # connected, or the first error
         self._first_error: BaseException | None = None
         self._problem = "not connected yet"
+        self._back: Callable[[], None] = lambda: None
         self._stream_ready = False
         self._closed = threading.Event()
         self._loop = asyncio.new_event_loop()
@@ -213,6 +214,10 @@ class NatsOutput:
         with self._lock:
             self._problem = ""
         log.info("nats output %r reconnected to %s", self.name, self._where)
+        self._back()
+
+    def on_back(self, callback: Callable[[], None]) -> None:
+        self._back = callback
 
     def _note_problem(self, problem: str) -> None:
         with self._lock:

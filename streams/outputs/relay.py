@@ -184,6 +184,10 @@ class _Feed:
         self._consumer = consumer
         self._group = output_group(options.output_name)
         self._stop = stop
+        #: set to end a wait early: the relay stopping, or the output's receiver back
+        self.wake = threading.Event()
+        if (on_back := getattr(output, "on_back", None)) is not None:
+            on_back(self.wake.set)
         self._poll_s = poll_s
         self._lock = threading.Lock()
         self._held: list[_Entry] = []  # read, being delivered (in order)
@@ -215,7 +219,8 @@ class _Feed:
                     log.exception("output %r: unexpected error", self.output.name)
                 wait_s = self._failed(f"{type(exc).__name__}: {exc}")
             if wait_s:
-                self._stop.wait(wait_s)
+                self.wake.wait(wait_s)
+                self.wake.clear()
 
     def _step(self) -> float:
         """One round; returns how long to wait before the next."""
@@ -543,6 +548,8 @@ class OutputRelay:
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """Legal in every state, more than once; returns within about ``timeout_s``."""
         self._stop.set()
+        for feed in self._feeds:
+            feed.wake.set()
         deadline = time.monotonic() + timeout_s
         if self._started:
             # half the time to finish a delivery in flight, then the outputs are closed

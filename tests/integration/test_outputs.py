@@ -29,6 +29,7 @@ from streams.embedded_redis import free_tcp_port
 from streams.keys import StreamKeys
 from streams.object_events import ObjectEvent
 from streams.outputs import mqtt, webhook
+from streams.outputs import relay as relay_module
 from streams.outputs.base import OutputError
 from streams.outputs.relay import OutputRelay, OutputStats, output_group
 from tests.conftest import MODEL, REPO_ROOT, VIDEOS
@@ -377,6 +378,41 @@ def test_mqtt_broker_restarted_mid_run_loses_nothing(
     stats = relay.stats()["mqtt"]
     assert not stats.dropped and not stats.failing
     assert stats.last_error is not None and broker.password not in stats.last_error
+    watcher.close()
+
+
+def test_mqtt_broker_back_is_delivered_to_at_once_not_after_the_relays_backoff(
+    broker: Mosquitto,
+    redis_client: redis.Redis,
+    prefix: str,
+    relays: list[OutputRelay],
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """The relay's waits between tries are made minutes long here: only the output saying
+    its broker is back can deliver within the test's wait (they held events 5-25 s after a
+    broker came back, with the defaults)."""
+    monkeypatch.setattr(relay_module, "RETRY_BASE_S", 300.0)
+    keys = StreamKeys(prefix)
+    watcher = Subscriber(broker, f"{prefix}/events", f"watch-{prefix}")
+    options = mqtt.Options(
+        url=broker.url(),
+        topic_prefix=prefix,
+        retry_max_s=600,
+        claim_idle_s=3600,
+        publish_timeout_s=2,
+        reconnect_max_s=1,
+    )
+    relay = relay_of(relays, redis_client, keys, lambda: ["door"], options)
+    broker.stop()
+    written = events_of("door", range(1, 6))
+    write(redis_client, keys, written)
+    wait_for(lambda: relay.stats()["mqtt"].failing, "the relay to see the broker gone")
+    broker.start()
+    wait_for(
+        lambda: set(watcher.event_ids(f"{prefix}/events")) == ids(written),
+        "every event, once the broker is back",
+        timeout_s=60,
+    )
     watcher.close()
 
 
