@@ -219,8 +219,19 @@ class _Feed:
                     log.exception("output %r: unexpected error", self.output.name)
                 wait_s = self._failed(f"{type(exc).__name__}: {exc}")
             if wait_s:
-                self.wake.wait(wait_s)
-                self.wake.clear()
+                self._pause(wait_s)
+
+    def _pause(self, wait_s: float) -> None:
+        """Wait ``wait_s`` or until woken; while the output is away, its backlog and what the
+        stream's cap trimmed are counted every ``REFRESH_S`` of the wait (its gauges stood
+        still for as long as the backoff, up to ``retry_max_s``)."""
+        until = time.monotonic() + wait_s
+        while (left := until - time.monotonic()) > 0:
+            if self.wake.wait(min(left, REFRESH_S) if self._failures else left):
+                break
+            if self._failures and not self._stop.is_set():
+                self.count_waiting()
+        self.wake.clear()
 
     def _step(self) -> float:
         """One round; returns how long to wait before the next."""
@@ -452,7 +463,8 @@ class _Feed:
 
     # --- counts -------------------------------------------------------------------------------
     def count_waiting(self) -> None:
-        """Backlog and pending as Redis has them now (the thread has stopped)."""
+        """Backlog and pending as Redis has them now (from the feed's thread, or once it has
+        stopped)."""
         try:
             self._read(self._streams(), 0)
         except redis.RedisError:

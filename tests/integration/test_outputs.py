@@ -851,3 +851,25 @@ def test_events_an_output_leaves_undelivered_at_stop_are_said_with_their_fate(
     (said,) = [r.getMessage() for r in caplog.records if "not delivered at stop" in r.getMessage()]
     assert said.startswith("output 'webhook': 7 events not delivered at stop (2 unread, 5 read")
     assert "HTTP 500" in said and fate in said
+
+
+def test_webhook_away_its_backlog_is_counted_while_the_relay_waits_between_tries(
+    redis_client: redis.Redis,
+    prefix: str,
+    receiver: Receiver,
+    relays: list[OutputRelay],
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """The waits between tries are made minutes long: the gauges move during them."""
+    monkeypatch.setattr(relay_module, "RETRY_BASE_S", 300.0)
+    keys = StreamKeys(prefix)
+    receiver.status = 500
+    write(redis_client, keys, events_of("door", range(1, 6)))
+    options = webhook.Options(
+        url=receiver.url, retries=0, batch_size=5, retry_max_s=600, claim_idle_s=3600
+    )
+    relay = relay_of(relays, redis_client, keys, lambda: ["door"], options)
+    wait_for(lambda: relay.stats()["webhook"].failing, "the output failing on 500")
+    write(redis_client, keys, events_of("door", range(6, 13)))
+    wait_for(lambda: relay.stats()["webhook"].backlog == 7, "the events written since counted")
+    assert relay.stats()["webhook"].held == 5 and len(receiver.requests) == 1
