@@ -408,6 +408,7 @@ def _open_outputs(config: Config, services: Services, stack: ExitStack) -> Outpu
         keys=services.keys,
         cameras=lambda: list(services.states.states()),
         redis_kept=bool(config.redis.url),
+        fail_fast=services.fail_fast,
     )
     stack.callback(outputs.stop)
     if config.outputs:

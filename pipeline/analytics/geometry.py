@@ -7,7 +7,14 @@ from dataclasses import dataclass
 import numpy as np
 import supervision as sv
 
-from pipeline.config.analytics import AnalyticsConfig, Anchor, Point
+from pipeline.config.analytics import (
+    MIN_AREA_PX,
+    MIN_LINE_PX,
+    AnalyticsConfig,
+    Anchor,
+    Point,
+    pixel_area,
+)
 
 Pixel = tuple[float, float]
 
@@ -21,12 +28,6 @@ ANCHORS: dict[str, sv.Position] = {
 class RegionDoesNotFit(ValueError):
     """A zone, line or mask beyond the camera's frames, or too small to see in their pixels
     (normalised coordinates that differ by less than a pixel of these frames)."""
-
-
-#: the least a line is long and a zone or mask covers in the frames' pixels: a region below
-#: can never count anything (and a line of no length has no sides)
-MIN_LINE_PX = 1.0
-MIN_AREA_PX = 1.0
 
 
 def anchors(detections: sv.Detections, anchor: Anchor) -> np.ndarray:
@@ -60,15 +61,14 @@ class FrameGeometry:
             return x, y
 
         def polygon(points: list[Point], name: str) -> np.ndarray:
-            corners = np.array([pixels(p, name) for p in points]).round().astype(int)
-            x, y = corners[:, 0].astype(float), corners[:, 1].astype(float)
-            area = abs(np.dot(x, np.roll(y, 1)) - np.dot(y, np.roll(x, 1))) / 2  # shoelace
+            drawn = [pixels(p, name) for p in points]
+            area = pixel_area(drawn)
             if area < MIN_AREA_PX:
                 raise RegionDoesNotFit(
                     f"{where}.{name}: covers {area:g} square pixels of the camera's "
                     f"{width}x{height} frames (at least {MIN_AREA_PX:g})"
                 )
-            return corners
+            return np.array(drawn).round().astype(int)
 
         def line(start: Point, end: Point, name: str) -> tuple[Pixel, Pixel]:
             ends = pixels(start, name), pixels(end, name)

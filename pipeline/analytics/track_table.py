@@ -63,9 +63,11 @@ class _Layout:
     read: Callable[[Any], tuple]  # a track's row, in one call
     objects_in: Callable[[tuple], tuple]  # the row's objects below the track
     #: the classes of the track and of those objects, and their numbers of attributes: a track
-    #: whose objects have these, and every attribute the row reads, has this layout
+    #: whose objects have these, every attribute the row reads, and of their own the attributes
+    #: their classes have too (which ``read`` would find on the class), has this layout
     kinds: tuple[type, ...]
     counts: tuple[int, ...]
+    class_backed: tuple[tuple[int, tuple[str, ...]], ...]  # (object, names), 0: the track
 
     @staticmethod
     def of(track: Any) -> _Layout | None:
@@ -74,6 +76,7 @@ class _Layout:
         objects: list[int] = []  # positions in the row
         kinds: list[type] = []
         counts: list[int] = []
+        class_backed: list[tuple[int, tuple[str, ...]]] = []
         paths: list[str] = []
         seen: set[int] = set()
         queue: list[tuple[Any, Path]] = [(track, ())]
@@ -83,6 +86,8 @@ class _Layout:
                 return None
             seen.add(id(node))
             attributes = vars(node)
+            if backed := tuple(name for name in attributes if hasattr(type(node), name)):
+                class_backed.append((len(kinds), backed))
             kinds.append(type(node))
             counts.append(len(attributes))
             kalman = (type(node).__module__, type(node).__name__) == _KALMAN
@@ -103,6 +108,7 @@ class _Layout:
             _tuple_getter(itemgetter, objects),
             tuple(kinds),
             tuple(counts),
+            tuple(class_backed),
         )
 
     def row(self, track: Any) -> tuple | None:
@@ -116,6 +122,10 @@ class _Layout:
             return None
         if tuple(map(len, map(vars, objects))) != self.counts:  # an attribute more
             return None
+        for index, names in self.class_backed:  # read from the class, not the object's own
+            own = vars(objects[index])
+            if not all(name in own for name in names):
+                return None
         return row
 
 

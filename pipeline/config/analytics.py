@@ -4,6 +4,7 @@ and masks, a tracker, zones and lines — and so which events it produces."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -210,8 +211,13 @@ class AnalyticsConfig(BaseModel):
                 if any(v < 0 for v in point):
                     problems.append((loc, "pixel coordinates are >= 0", None))
             for name, line in self.lines.items():  # normalised: checked against the frames
-                if 0 < math.dist(line.start, line.end) < 1:
+                if 0 < math.dist(line.start, line.end) < MIN_LINE_PX:
                     problems.append((("lines", name, "end"), "shorter than one pixel", None))
+            regions = [(("zones", name, "polygon"), z.polygon) for name, z in self.zones.items()]
+            regions += [(("masks", index), mask) for index, mask in enumerate(self.masks)]
+            for loc, polygon in regions:
+                if pixel_area(polygon) < MIN_AREA_PX:
+                    problems.append((loc, "covers less than one square pixel", None))
         for name in self.zones.keys() & self.lines.keys():
             problems.append(
                 (("lines", name), "a zone has this name too: events tell regions by name", None)
@@ -230,6 +236,24 @@ class AnalyticsConfig(BaseModel):
         for index, mask in enumerate(self.masks):
             for point_index, point in enumerate(mask):
                 yield ("masks", index, point_index), point
+
+
+#: the least a line is long and a zone or mask covers in the frames' pixels: a region below
+#: can never count anything (and a line of no length has no sides)
+MIN_LINE_PX = 1.0
+MIN_AREA_PX = 1.0
+
+
+def pixel_area(points: Sequence[Sequence[float]]) -> float:
+    """The area of a polygon drawn on whole pixels: its corners rounded, as the zones and
+    masks that test boxes are."""
+    corners = [(round(x), round(y)) for x, y in points]
+    count = len(corners)
+    twice = sum(
+        corners[i][0] * corners[(i + 1) % count][1] - corners[(i + 1) % count][0] * corners[i][1]
+        for i in range(count)
+    )
+    return abs(twice) / 2
 
 
 def check_polygon(points: list[Point]) -> None:

@@ -36,15 +36,19 @@ class OutputsPart(Part):
         keys: StreamKeys,
         cameras: Callable[[], Iterable[str]],
         redis_kept: bool = True,
+        fail_fast: redis.Redis | None = None,
     ):
         """``redis_kept``: Redis outlives the run (``redis.url``); else it is the run's private
-        one, and what the outputs did not deliver is lost with it (said at stop)."""
+        one, and what the outputs did not deliver is lost with it (said at stop).
+        ``fail_fast``: a client that does not wait out outages, for counting what waits."""
         self._redis_kept = redis_kept
         if outputs:
             _check_redis_version(client)
         self._stopped = False
         try:
-            self._relay = OutputRelay(outputs, redis_client=client, keys=keys, cameras=cameras)
+            self._relay = OutputRelay(
+                outputs, redis_client=client, keys=keys, cameras=cameras, fail_fast=fail_fast
+            )
         except OutputError as exc:
             raise BadInput(redact_url(str(exc))) from None
 

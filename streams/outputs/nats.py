@@ -195,6 +195,7 @@ class NatsOutput:
         with self._lock:
             self._problem = ""
         self._first_outcome.set()
+        self._back()  # a server that came up only after the start: the relay may be waiting
 
     async def _on_error(self, exc: Exception) -> None:
         with self._lock:

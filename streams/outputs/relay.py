@@ -175,10 +175,12 @@ class _Feed:
         consumer: str,
         stop: threading.Event,
         poll_s: float,
+        counter: redis.Redis,
     ):
         self.options = options
         self.output = output
         self._redis = redis_client
+        self._counter = counter  # fails fast: for counts, which must not wait for Redis
         self._keys = keys
         self._cameras = cameras
         self._consumer = consumer
@@ -197,6 +199,7 @@ class _Feed:
         self._next_claim = 0.0
         self._next_refresh = 0.0
         self._failures = 0
+        self._redis_away = False  # the last failure was Redis's
         self._newer_seen = False  # events of a newer schema, said once
         self._last_refreshed_claim = 0.0
         self.delivered = 0
@@ -212,7 +215,9 @@ class _Feed:
         while not self._stop.is_set():
             try:
                 wait_s = self._step()
+                self._redis_away = False
             except redis.RedisError as exc:
+                self._redis_away = True
                 wait_s = self._failed(f"Redis: {redact_url(str(exc))}")
             except Exception as exc:  # a bug must not end the relay: counted, logged, retried
                 if not self._failures:
@@ -229,7 +234,7 @@ class _Feed:
         while (left := until - time.monotonic()) > 0:
             if self.wake.wait(min(left, REFRESH_S) if self._failures else left):
                 break
-            if self._failures and not self._stop.is_set():
+            if self._failures and not self._redis_away and not self._stop.is_set():
                 self.count_waiting()
         self.wake.clear()
 
@@ -254,11 +259,12 @@ class _Feed:
         return list(dict.fromkeys(self._keys.object_events(c) for c in self._cameras()))
 
     # --- reading ------------------------------------------------------------------------------
-    def _read(self, streams: Sequence[str], count: int) -> None:
-        """New entries of every stream (``count`` 0: only the group's counts)."""
+    def _read(self, streams: Sequence[str], count: int, client: redis.Redis | None = None) -> None:
+        """New entries of every stream (``count`` 0: only the group's counts), through
+        ``client`` where given."""
         if not streams:
             return
-        tx = SlotTransactions(self._redis, atomic=False)
+        tx = SlotTransactions(client or self._redis, atomic=False)
         for key in streams:
             tx.on(key).execute_command(
                 "EVAL", READ_SCRIPT, 1, key, self._group, self._consumer, count
@@ -451,12 +457,9 @@ class _Feed:
             log.warning("output %r: %s; retrying", self.output.name, problem)
         self._record_error(problem)
         now = time.monotonic()
-        if streams and now >= self._next_refresh:
+        if streams and now >= self._next_refresh and not self._redis_away:
             self._next_refresh = now + REFRESH_S
-            try:
-                self._read(streams, 0)  # backlog, and what the cap trimmed meanwhile
-            except redis.RedisError:
-                pass  # Redis away too: counted once it answers
+            self.count_waiting()  # backlog, and what the cap trimmed meanwhile
         # the entries in hand are claimed again between tries, at least every claim_idle_s / 3
         max_s = min(self.options.retry_max_s, self.options.claim_idle_s / 3)
         return backoff_delay(self._failures, base_s=min(RETRY_BASE_S, max_s), max_s=max_s)
@@ -464,11 +467,11 @@ class _Feed:
     # --- counts -------------------------------------------------------------------------------
     def count_waiting(self) -> None:
         """Backlog and pending as Redis has them now (from the feed's thread, or once it has
-        stopped)."""
+        stopped), through the counting client: a count must not wait for Redis."""
         try:
-            self._read(self._streams(), 0)
-        except redis.RedisError:
-            pass  # Redis away: the last look stands
+            self._read(self._streams(), 0, self._counter)
+        except Exception:  # Redis away, a camera list that failed: the last look stands
+            log.debug("output %r: backlog not counted", self.output.name, exc_info=True)
 
     def _record_error(self, problem: str) -> None:
         with self._lock:
@@ -522,8 +525,11 @@ class OutputRelay:
         poll_s: float = POLL_S,
         consumer: str | None = None,
         opener: Callable[[OutputOptions], EventOutput] = open_output,
+        fail_fast: redis.Redis | None = None,
     ):
-        """Opens each output (``OutputError``: bad input, those opened already closed)."""
+        """Opens each output (``OutputError``: bad input, those opened already closed).
+        ``fail_fast``: a client of the same Redis that does not wait out outages, for the
+        counts of what waits (which the stop makes too); default: ``redis_client``."""
         names = [options.output_name for options in outputs]
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
@@ -544,6 +550,7 @@ class OutputRelay:
                         consumer=self.consumer,
                         stop=self._stop,
                         poll_s=poll_s,
+                        counter=fail_fast or redis_client,
                     )
                 )
         except BaseException:

@@ -275,8 +275,11 @@ class WebhookOutput:
         request.deadline = deadline  # type: ignore[attr-defined]
         try:
             with deadline, self._opener.open(request, timeout=self._options.timeout_s) as response:
-                response.read()
                 status = response.status
+                try:  # the rest of the answer, as a polite client does: its status decides
+                    response.read()
+                except (OSError, http.client.HTTPException):  # cut at the deadline: too late
+                    pass  # to take back a delivery the receiver has acknowledged
         except urllib.error.HTTPError as exc:
             status = exc.code
             reason = f"webhook {self._where} answered HTTP {status}"

@@ -166,6 +166,12 @@ def test_a_normalized_zone_of_less_than_a_pixel_is_bad_input_named():
     [
         ({"lines": {"l": {"start": [10, 10], "end": [10.5, 10]}}}, "lines.l.end", "one pixel"),
         (
+            {"zones": {"dot": {"polygon": [[10, 10], [10.4, 10], [10, 10.4]]}}},
+            "zones.dot.polygon",
+            "less than one square pixel",
+        ),
+        ({"masks": [[[10, 10], [10.4, 10], [10, 10.4]]]}, "masks.0", "less than one square pixel"),
+        (
             {
                 "lines": {"gate": {"start": [0, 0], "end": [10, 10]}},
                 "zones": {"gate": {"polygon": [[0, 0], [9, 0], [0, 9]]}},

@@ -101,3 +101,18 @@ def test_a_track_with_an_attribute_more_is_not_read_with_a_known_layout():
     back = track_table.pack([odd, tracks[1]]).unpack()
     assert back[0].state_estimator.motion.note == "kept"
     assert not hasattr(back[1].state_estimator.motion, "note")
+
+
+def test_a_track_lacking_an_attribute_its_class_also_has_is_not_read_with_a_known_layout():
+    # the motion model's caches have class defaults: a read of the missing one finds the
+    # class's, so the number of attributes and the reads alone would take the track as known
+    tracks = tracks_after(45)
+    assert track_table.pack(tracks) is not None
+    odd = copy.deepcopy(tracks[0])
+    motion = odd.state_estimator.motion
+    assert hasattr(type(motion), "cached_step")
+    del motion.cached_step
+    motion.extra = "kept"
+    back = track_table.pack([tracks[1], odd]).unpack()
+    assert back[1].state_estimator.motion.extra == "kept"
+    assert "cached_step" not in vars(back[1].state_estimator.motion)
