@@ -22,6 +22,22 @@ if TYPE_CHECKING:  # supervision and trackers load with the first camera that ha
 log = logging.getLogger(__name__)
 
 
+def import_meanwhile() -> threading.Thread:
+    """Imports what a camera's analytics needs (supervision, the tracker library, scipy: ~1 s
+    of a start here) on a thread of its own, to overlap with the model's loading and warm-up;
+    imported after them, it delayed the first result of a run that tracks by as much."""
+    thread = threading.Thread(target=_import_analytics, name="fb-analytics-import", daemon=True)
+    thread.start()
+    return thread
+
+
+def _import_analytics() -> None:
+    try:
+        import pipeline.analytics.camera  # noqa: F401
+    except Exception:  # noqa: BLE001 - raised again, and said, where it is imported for use
+        log.debug("analytics not imported ahead", exc_info=True)
+
+
 class AnalyticsSettings:
     """Each camera's analytics settings, changed live by the camera API (any thread)."""
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import redis
 
 from detectors.detector import Detector
-from pipeline.analytics.stage import AnalyticsSettings
+from pipeline.analytics.stage import AnalyticsSettings, import_meanwhile
 from pipeline.batching import CameraRules
 from pipeline.config import CameraConfig, Config
 from pipeline.config.analytics import AnalyticsConfig
@@ -177,6 +177,9 @@ class DetectorPool(Part):
     def load(self, *, since_ms: int) -> None:
         """Load each worker's model and build the worker.  ``since_ms``: Redis time at which
         this run began; older entries in the frames streams are an earlier run's."""
+        settings = self._resources.analytics
+        if settings.cameras():
+            import_meanwhile()
         for plan in self._plans:
             detector = self._detector_factory(self._config, plan.device)
             self._detectors.append(detector)
@@ -186,7 +189,6 @@ class DetectorPool(Part):
                 self._keeper = self._lease_keeper(context, changes)
             self._workers.append(self._worker(plan, context, changes, detector, since_ms))
             self._label = detector.info.label
-        settings = self._resources.analytics
         for camera in settings.cameras():  # a class the model lacks is bad input, found now
             self.check_analytics(camera, settings.get(camera))
 

@@ -188,7 +188,7 @@ class _Feed:
         self._stop = stop
         #: set to end a wait early: the relay stopping, or the output's receiver back
         self.wake = threading.Event()
-        if (on_back := getattr(output, "on_back", None)) is not None:
+        if (on_back := getattr(output, "on_back", None)) is not None:  # ReconnectingOutput
             on_back(self.wake.set)
         self._poll_s = poll_s
         self._lock = threading.Lock()
